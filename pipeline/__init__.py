@@ -1,0 +1,1 @@
+"""FedCache pipeline library: pure Python/PyTorch, no Prefect or DVC imports."""

@@ -1,0 +1,174 @@
+"""Typed params: load params.yaml, validate it, fail early with one clear message.
+
+Every knob of the pipeline lives in params.yaml; this module is its schema. Validation
+happens when a stage starts, before any work, so a bad value never leaves half-written
+outputs behind. Checks that need the data (R against the smallest class, K against the
+number of samples) live in `check_against_data`, called by the stages once the dataset
+sizes are known (still before any output is written).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DATASETS = ("fashion_mnist", "mnist", "cifar10")
+ENCODERS = ("hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem; the message names the key, the value and what is allowed."""
+
+
+class _Section(BaseModel):
+    # forbid: a typo in a key is an error, not a silently ignored knob.
+    # strict: a wrong type is an error, not coerced (`num_clients: yes` is not 1 client,
+    # `alpha: "1.0"` is not a number); ints are still accepted where a float is expected.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DataParams(_Section):
+    dataset: Literal["fashion_mnist", "mnist", "cifar10"] = "fashion_mnist"
+    root: str = "data/raw"
+    download: bool = False
+
+
+class PartitionParams(_Section):
+    scheme: Literal["dirichlet", "pathological"] = "dirichlet"
+    num_clients: int = Field(30, ge=1)
+    alpha: float = Field(1.0, gt=0, allow_inf_nan=False)
+    classes_per_client: int = Field(2, ge=1)
+    samples_per_client: int | None = Field(200, ge=1)
+    data_fraction: float | None = Field(None, gt=0, le=1)
+    min_samples: int = Field(10, ge=1)
+    max_retries: int = Field(100, ge=1)
+
+    @model_validator(mode="after")
+    def _one_scale(self) -> "PartitionParams":
+        if self.samples_per_client is not None and self.data_fraction is not None:
+            raise ValueError(
+                f"partition.samples_per_client = {self.samples_per_client!r} and "
+                f"partition.data_fraction = {self.data_fraction!r} are both set; "
+                "set at most one of them (the other must be null)"
+            )
+        return self
+
+
+class EncodeParams(_Section):
+    encoder: Literal["hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_small"] = "hog"
+    dim: int = Field(256, ge=8, le=4096)
+    image_size: int = Field(32, ge=16, le=512)
+    weights: str | None = None
+    batch_size: int = Field(512, ge=1)
+    dtype: Literal["float16", "float32"] = "float16"
+
+
+class IndexParams(_Section):
+    R: int = Field(16, ge=1)
+    same_client: bool = True
+    exact_max: int = Field(20000, ge=1)
+    hnsw_m: int = Field(32, ge=4, le=256)
+    hnsw_ef_construction: int = Field(200, ge=8)
+    hnsw_ef_search: int = Field(128, ge=8)
+    db_url: str = "sqlite:///data/cache/cache.db"
+
+    @field_validator("db_url")
+    @classmethod
+    def _sqlite_url(cls, db_url: str) -> str:
+        # The DB is the index stage's DVC output (the folder data/cache/): a local file there.
+        # A field validator (not a model one) so the error names index.db_url and the value.
+        path = db_url.removeprefix("sqlite:///")
+        if not db_url.startswith("sqlite:///") or not path.startswith("data/cache/") or ".." in path:
+            raise ValueError("must be a SQLite URL of a file under data/cache/, e.g. sqlite:///data/cache/cache.db")
+        return db_url
+
+
+class Params(_Section):
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataParams = DataParams()
+    partition: PartitionParams = PartitionParams()
+    encode: EncodeParams = EncodeParams()
+    index: IndexParams = IndexParams()
+
+    @property
+    def cache_db_path(self) -> Path:
+        return Path(self.index.db_url.removeprefix("sqlite:///"))
+
+
+def _allowed_keys(loc: tuple) -> list[str] | None:
+    """The keys the section holding `loc` accepts (for the unknown-key message)."""
+    model: type[BaseModel] = Params
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        sub = field.annotation if field is not None else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return None
+        model = sub
+    return list(model.model_fields)
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid params in {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(e["loc"])
+            allowed_txt = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"  {key} = {e['input']!r}: unknown key (check the spelling in params.yaml){allowed_txt}")
+            continue
+        got = e.get("input")
+        got_txt = "" if isinstance(got, dict) else f" = {got!r}"
+        lines.append(f"  {key}{got_txt}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_params(raw: dict, source: str = "params") -> Params:
+    """Validate a params mapping; raise ConfigError naming every bad key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"params file not found: {path} (run from the project root)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    return parse_params(raw, str(path))
+
+
+def check_against_data(params: Params, train_labels_count: int, class_sizes: dict[int, int] | None = None) -> None:
+    """Checks that need the dataset: K versus samples, R versus the smallest class.
+
+    Called before a stage writes anything. `class_sizes` are the per-label sample
+    counts after partitioning (what the neighbour search runs over).
+    """
+    p = params.partition
+    total = train_labels_count
+    if p.samples_per_client is not None:
+        total = min(total, p.num_clients * p.samples_per_client)
+    elif p.data_fraction is not None:
+        total = int(total * p.data_fraction)
+    if p.num_clients * p.min_samples > total:
+        raise ConfigError(
+            f"partition.num_clients = {p.num_clients}: with partition.min_samples = {p.min_samples} "
+            f"it needs at least {p.num_clients * p.min_samples} training samples, but only "
+            f"{total} are used; lower num_clients or min_samples, or use more data"
+        )
+    if class_sizes is not None:
+        smallest_label, smallest = min(class_sizes.items(), key=lambda kv: kv[1])
+        if params.index.R >= smallest:
+            raise ConfigError(
+                f"index.R = {params.index.R}: must be smaller than the smallest class "
+                f"(label {smallest_label} has {smallest} samples, so R <= {smallest - 1})"
+            )

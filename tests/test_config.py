@@ -1,0 +1,349 @@
+"""Tests for pipeline.config: params.yaml parses; every bad value fails early with one clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import (
+    DATASETS,
+    ENCODERS,
+    ConfigError,
+    Params,
+    check_against_data,
+    load_params,
+    parse_params,
+)
+
+
+# ------------------------------------------------------------------ the default file
+
+def test_default_params_yaml_parses_to_its_own_values(repo_root):
+    raw = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = load_params(repo_root / "params.yaml")
+    assert isinstance(params, Params)
+    dumped = params.model_dump()
+    # every value written in params.yaml arrives unchanged (nothing dropped or coerced)
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            for sub, sub_value in value.items():
+                assert dumped[key][sub] == sub_value, f"{key}.{sub}"
+        else:
+            assert dumped[key] == value, key
+    assert params.cache_db_path == Path(raw["index"]["db_url"].removeprefix("sqlite:///"))
+
+
+def test_default_params_are_valid_and_consistent(default_params_raw):
+    params = parse_params(default_params_raw)
+    assert params.data.dataset in DATASETS
+    assert params.encode.encoder in ENCODERS
+    p = params.partition
+    assert p.samples_per_client is None or p.data_fraction is None
+
+
+def test_parsed_params_are_frozen(default_params_raw):
+    params = parse_params(default_params_raw)
+    with pytest.raises(Exception):
+        params.partition.num_clients = 3  # type: ignore[misc]
+    assert params.partition.num_clients == default_params_raw["partition"]["num_clients"]
+
+
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("partition", "alpha", 1e-3),               # tiny but > 0
+        ("partition", "alpha", 2),                  # an int where a float is expected is fine
+        ("index", "db_url", "sqlite:///data/cache/sub/other.db"),
+        ("index", "R", 1),
+        ("encode", "dtype", "float32"),
+    ],
+)
+def test_good_edge_values_are_accepted(default_params_raw, section, key, value):
+    default_params_raw[section][key] = value
+    params = parse_params(default_params_raw)
+    assert getattr(getattr(params, section), key) == value
+
+
+def test_data_fraction_alone_is_accepted(default_params_raw):
+    default_params_raw["partition"].update(samples_per_client=None, data_fraction=1.0)
+    assert parse_params(default_params_raw).partition.data_fraction == 1.0
+
+
+# ------------------------------------------------------------------ bad values
+
+def _set(path: str, value):
+    """A mutation of the raw params dict: set dotted `path` to `value`."""
+    def mutate(raw: dict) -> None:
+        *parents, leaf = path.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return mutate
+
+
+def _both(*mutations):
+    def mutate(raw: dict) -> None:
+        for m in mutations:
+            m(raw)
+    return mutate
+
+
+DB_ALLOWED = ("SQLite", "data/cache/")
+
+# id, mutation, (key path, bad value) pairs the message must show as "key = value!r",
+# and fragments that say what is allowed.
+BAD_CASES = [
+    ("unknown top-level key", _set("bogus", 1), [("bogus", 1)],
+     ["unknown key", "seed", "partition", "index"]),
+    ("unknown nested key (typo)", _set("partition.num_client", 30), [("partition.num_client", 30)],
+     ["unknown key", "num_clients"]),
+    ("wrong type: string for int", _set("partition.num_clients", "many"), [("partition.num_clients", "many")],
+     ["valid integer"]),
+    ("wrong type: quoted number", _set("partition.num_clients", "30"), [("partition.num_clients", "30")],
+     ["valid integer"]),
+    ("wrong type: bool for int", _set("partition.num_clients", True), [("partition.num_clients", True)],
+     ["valid integer"]),
+    ("wrong type: fractional int", _set("index.R", 2.5), [("index.R", 2.5)], ["valid integer"]),
+    ("alpha zero", _set("partition.alpha", 0), [("partition.alpha", 0)], ["greater than 0"]),
+    ("alpha negative", _set("partition.alpha", -0.5), [("partition.alpha", -0.5)], ["greater than 0"]),
+    ("alpha infinite", _set("partition.alpha", float("inf")), [("partition.alpha", float("inf"))],
+     ["finite number"]),
+    ("alpha as string", _set("partition.alpha", "1.0"), [("partition.alpha", "1.0")], ["valid number"]),
+    ("unknown dataset", _set("data.dataset", "imagenet"), [("data.dataset", "imagenet")],
+     [repr(d) for d in DATASETS]),
+    ("unknown encoder", _set("encode.encoder", "resnet50"), [("encode.encoder", "resnet50")],
+     [repr(e) for e in ENCODERS]),
+    ("unknown scheme", _set("partition.scheme", "iid"), [("partition.scheme", "iid")],
+     ["'dirichlet'", "'pathological'"]),
+    ("index.R zero", _set("index.R", 0), [("index.R", 0)], ["greater than or equal to 1"]),
+    ("samples_per_client and data_fraction both set",
+     _both(_set("partition.samples_per_client", 200), _set("partition.data_fraction", 0.5)),
+     [("partition.samples_per_client", 200), ("partition.data_fraction", 0.5)], ["at most one", "null"]),
+    ("data_fraction above 1",
+     _both(_set("partition.samples_per_client", None), _set("partition.data_fraction", 1.5)),
+     [("partition.data_fraction", 1.5)], ["less than or equal to 1"]),
+    ("db_url not sqlite", _set("index.db_url", "postgresql://user@host/cache"),
+     [("index.db_url", "postgresql://user@host/cache")], DB_ALLOWED),
+    ("db_url outside data/cache", _set("index.db_url", "sqlite:///tmp/cache.db"),
+     [("index.db_url", "sqlite:///tmp/cache.db")], DB_ALLOWED),
+    ("db_url escapes data/cache", _set("index.db_url", "sqlite:///data/cache/../../cache.db"),
+     [("index.db_url", "sqlite:///data/cache/../../cache.db")], DB_ALLOWED),
+    ("device tpu", _set("device", "tpu"), [("device", "tpu")], ["'auto'", "'cpu'", "'cuda'"]),
+    ("dtype int8", _set("encode.dtype", "int8"), [("encode.dtype", "int8")], ["'float16'", "'float32'"]),
+    ("negative seed", _set("seed", -1), [("seed", -1)], ["greater than or equal to 0"]),
+    ("section not a mapping", _set("partition", [1, 2]), [("partition", [1, 2])], ["valid dictionary"]),
+]
+
+
+@pytest.mark.parametrize("mutate, expected, allowed", [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+def test_bad_value_raises_config_error_naming_key_value_and_allowed(default_params_raw, mutate, expected, allowed):
+    mutate(default_params_raw)
+    with pytest.raises(ConfigError) as excinfo:
+        parse_params(default_params_raw, source="my-params.yaml")
+    msg = str(excinfo.value)
+    assert "my-params.yaml" in msg
+    for key, value in expected:
+        assert f"{key} = {value!r}" in msg, msg
+    for fragment in allowed:
+        assert fragment in msg, msg
+
+
+def test_bad_values_are_reported_by_load_params_from_a_file(default_params_raw, write_params):
+    default_params_raw["partition"]["num_client"] = 5  # the typo of num_clients
+    path = write_params(default_params_raw)
+    with pytest.raises(ConfigError) as excinfo:
+        load_params(path)
+    msg = str(excinfo.value)
+    assert str(path) in msg
+    assert "partition.num_client = 5" in msg
+    assert "num_clients" in msg.split("partition.num_client = 5", 1)[1]  # the allowed keys follow
+
+
+def test_alpha_negative_in_yaml_text(write_params, repo_root):
+    text = (repo_root / "params.yaml").read_text().replace("alpha: 1.0", "alpha: -1.0")
+    assert "alpha: -1.0" in text
+    with pytest.raises(ConfigError, match=r"partition\.alpha = -1\.0: .*greater than 0"):
+        load_params(write_params(text))
+
+
+def test_every_bad_key_is_named_at_once(default_params_raw):
+    default_params_raw["partition"]["alpha"] = 0
+    default_params_raw["device"] = "tpu"
+    default_params_raw["index"]["R"] = 0
+    with pytest.raises(ConfigError) as excinfo:
+        parse_params(default_params_raw)
+    msg = str(excinfo.value)
+    for fragment in ("partition.alpha = 0", "device = 'tpu'", "index.R = 0"):
+        assert fragment in msg
+
+
+@pytest.mark.parametrize("raw, type_name", [([1, 2], "list"), ("seed: 0", "str"), (7, "int"), (None, "NoneType")])
+def test_top_level_not_a_mapping(raw, type_name):
+    with pytest.raises(ConfigError, match=rf"x\.yaml: expected a mapping at the top level, got {type_name}$"):
+        parse_params(raw, source="x.yaml")
+
+
+def test_top_level_list_in_a_file(write_params):
+    path = write_params("- seed\n- device\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_params(path)
+    assert str(path) in str(excinfo.value)
+    assert "mapping" in str(excinfo.value) and "list" in str(excinfo.value)
+
+
+def test_invalid_yaml_file(write_params):
+    path = write_params("seed: 0\npartition: {num_clients: 30, alpha: [1\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_params(path)
+    msg = str(excinfo.value)
+    assert str(path) in msg
+    assert "not valid YAML" in msg
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope" / "params.yaml"
+    with pytest.raises(ConfigError) as excinfo:
+        load_params(path)
+    assert str(path) in str(excinfo.value)
+    assert "not found" in str(excinfo.value)
+
+
+def test_config_error_is_a_value_error_without_pydantic_traceback(default_params_raw):
+    default_params_raw["partition"]["alpha"] = 0
+    with pytest.raises(ValueError) as excinfo:
+        parse_params(default_params_raw)
+    assert isinstance(excinfo.value, ConfigError)
+    assert excinfo.value.__suppress_context__  # "from None": the user sees one message, not a chain
+
+
+# ------------------------------------------------------------------ checks against the data
+
+def _params(default_params_raw, **partition) -> Params:
+    default_params_raw["partition"].update(partition)
+    return parse_params(default_params_raw)
+
+
+def test_check_against_data_accepts_the_defaults_on_fashion_mnist_sizes(default_params_raw):
+    params = parse_params(default_params_raw)
+    check_against_data(params, 60000, {c: 6000 for c in range(10)})  # no exception
+
+
+def test_too_many_clients_for_the_samples_used(default_params_raw):
+    params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=None, data_fraction=None)
+    with pytest.raises(ConfigError) as excinfo:
+        check_against_data(params, 250)
+    msg = str(excinfo.value)
+    assert "partition.num_clients = 30" in msg
+    assert "partition.min_samples = 10" in msg
+    assert "300" in msg and "250" in msg
+
+
+def test_too_many_clients_counts_the_samples_per_client_scale_down(default_params_raw):
+    # 60,000 samples exist, but only K * samples_per_client = 150 are used
+    params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=5)
+    with pytest.raises(ConfigError, match=r"partition\.num_clients = 30.*300.*only 150"):
+        check_against_data(params, 60000)
+
+
+def test_too_many_clients_counts_the_data_fraction(default_params_raw):
+    params = _params(default_params_raw, num_clients=100, min_samples=10, samples_per_client=None, data_fraction=0.01)
+    with pytest.raises(ConfigError, match=r"partition\.num_clients = 100.*1000.*only 600"):
+        check_against_data(params, 60000)
+
+
+def test_exactly_enough_samples_passes(default_params_raw):
+    params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=None, data_fraction=None)
+    check_against_data(params, 300)  # K * min_samples == used: allowed
+    with pytest.raises(ConfigError):
+        check_against_data(params, 299)
+
+
+def test_R_must_be_below_the_smallest_class(default_params_raw):
+    default_params_raw["index"]["R"] = 16
+    params = parse_params(default_params_raw)
+    sizes = {0: 100, 1: 16, 2: 50}
+    with pytest.raises(ConfigError) as excinfo:
+        check_against_data(params, 60000, sizes)
+    msg = str(excinfo.value)
+    assert "index.R = 16" in msg
+    assert "label 1" in msg and "16 samples" in msg
+    assert "R <= 15" in msg
+
+
+def test_R_just_below_the_smallest_class_passes(default_params_raw):
+    default_params_raw["index"]["R"] = 15
+    check_against_data(parse_params(default_params_raw), 60000, {0: 100, 1: 16, 2: 50})
+
+
+# ------------------------------------------------------------------ the stage CLI
+
+def test_stage_cli_with_bad_params_exits_2_with_one_error_line_and_writes_nothing(
+        default_params_raw, write_params, tmp_path, monkeypatch, capsys):
+    from flows.cli import run_stage
+    from flows.partition import partition_flow
+
+    default_params_raw["partition"]["alpha"] = 0
+    bad = write_params(default_params_raw)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+
+    rc = run_stage(partition_flow, argv=["--params", str(bad)])
+
+    assert rc == 2
+    out, err = capsys.readouterr()
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1, err
+    assert "partition.alpha = 0" in err
+    assert "Traceback" not in err
+    assert list(workdir.rglob("*")) == []  # no output files, not even data/partition/
+    assert sorted(p.name for p in bad.parent.iterdir()) == [bad.name]
+
+
+def test_stage_cli_validates_before_calling_the_flow(write_params, tmp_path, monkeypatch, capsys):
+    from flows.cli import run_stage
+
+    calls = []
+    bad = write_params({"device": "tpu"})
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(lambda params_file: calls.append(params_file), argv=["--params", str(bad)]) == 2
+    assert calls == []
+    assert "device = 'tpu'" in capsys.readouterr().err
+
+
+def test_stage_cli_missing_params_file(tmp_path, monkeypatch, capsys):
+    from flows.cli import run_stage
+
+    calls = []
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(lambda params_file: calls.append(params_file), argv=["--params", "missing.yaml"]) == 2
+    assert calls == []
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "missing.yaml" in err
+
+
+def test_stage_cli_good_params_runs_the_flow(default_params_raw, write_params, tmp_path, monkeypatch, capsys):
+    from flows.cli import run_stage
+
+    calls = []
+    good = write_params(default_params_raw)
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(lambda params_file: calls.append(params_file), argv=["--params", str(good)]) == 0
+    assert calls == [str(good)]
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_stage_cli_turns_a_partition_error_into_exit_2(default_params_raw, write_params, tmp_path, monkeypatch,
+                                                        capsys):
+    from flows.cli import run_stage
+    from pipeline.partition import PartitionError
+
+    def flow(params_file):
+        raise PartitionError("partition.classes_per_client = 11: the dataset has only 10 classes")
+
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(flow, argv=["--params", str(write_params(default_params_raw))]) == 2
+    assert "error: partition.classes_per_client = 11" in capsys.readouterr().err
