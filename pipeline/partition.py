@@ -1,0 +1,225 @@
+"""Split a dataset over K clients: Dirichlet(alpha) per class, or n classes per client.
+
+Sample identity is explicit: the partition orders every client's training samples one
+after another, so a sample's global id is its position in `train_index`, and
+(client, local index) follow from `train_offsets`. Each client's test split is drawn with
+the same class proportions as its training split (the FedCache/FedML convention), so a
+client is evaluated on the label mix it trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import PartitionParams
+from pipeline.seeds import rng
+
+
+class PartitionError(ValueError):
+    """The requested split is impossible; the message says which knob to change."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    num_clients: int
+    num_classes: int
+    train_index: np.ndarray  # int64 [N]: dataset index of global sample id g
+    train_offsets: np.ndarray  # int64 [K+1]: client k owns ids train_offsets[k]:train_offsets[k+1]
+    test_index: np.ndarray  # int64 [M]: dataset (test set) index, grouped by client
+    test_offsets: np.ndarray  # int64 [K+1]
+    train_labels: np.ndarray  # int64 [N]: label of global sample id g
+    test_labels: np.ndarray  # int64 [M]
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_offsets[-1])
+
+    def train_client(self) -> np.ndarray:
+        """Client id of every global training sample id."""
+        return np.repeat(np.arange(self.num_clients), np.diff(self.train_offsets))
+
+    def test_client(self) -> np.ndarray:
+        return np.repeat(np.arange(self.num_clients), np.diff(self.test_offsets))
+
+    def local_index(self) -> np.ndarray:
+        """Position of every global training sample inside its client's data."""
+        return np.arange(self.num_train) - np.repeat(self.train_offsets[:-1], np.diff(self.train_offsets))
+
+    def client_train(self, k: int) -> np.ndarray:
+        return self.train_index[self.train_offsets[k] : self.train_offsets[k + 1]]
+
+    def client_test(self, k: int) -> np.ndarray:
+        return self.test_index[self.test_offsets[k] : self.test_offsets[k + 1]]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(
+            tmp,
+            num_clients=self.num_clients,
+            num_classes=self.num_classes,
+            train_index=self.train_index,
+            train_offsets=self.train_offsets,
+            test_index=self.test_index,
+            test_offsets=self.test_offsets,
+            train_labels=self.train_labels,
+            test_labels=self.test_labels,
+        )
+        tmp.replace(path)  # atomic: a killed stage never leaves a half-written partition
+
+    @classmethod
+    def load(cls, path: Path) -> "Partition":
+        if not Path(path).exists():
+            raise FileNotFoundError(f"partition file {path} not found: run the partition stage first (dvc repro partition)")
+        with np.load(path) as z:
+            return cls(
+                num_clients=int(z["num_clients"]),
+                num_classes=int(z["num_classes"]),
+                train_index=z["train_index"],
+                train_offsets=z["train_offsets"],
+                test_index=z["test_index"],
+                test_offsets=z["test_offsets"],
+                train_labels=z["train_labels"],
+                test_labels=z["test_labels"],
+            )
+
+
+def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
+    """Integer counts summing to `total`, proportional to `weights` (Hamilton's method)."""
+    if total == 0 or weights.sum() == 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    exact = total * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    short = total - counts.sum()
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[:short]] += 1
+    return counts
+
+
+def _class_pools(labels: np.ndarray, num_classes: int, fraction: float, seed: int, name: str) -> list[np.ndarray]:
+    """Per class: the dataset indices in a seeded shuffled order, cut to `fraction` of the class."""
+    pools = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(labels == c)
+        idx = rng(seed, name, c).permutation(idx)
+        pools.append(idx[: int(round(len(idx) * fraction))])
+    return pools
+
+
+def _dirichlet_counts(pools: list[np.ndarray], p: PartitionParams, seed: int) -> np.ndarray:
+    """[K, C] training counts; Dirichlet per class, redrawn until every client is big enough."""
+    K = p.num_clients
+    sizes = np.array([len(x) for x in pools])
+    smallest = None
+    for attempt in range(p.max_retries):
+        counts = np.stack(
+            [_largest_remainder(int(n), rng(seed, "partition.dirichlet", attempt, c).dirichlet(np.full(K, p.alpha)))
+             for c, n in enumerate(sizes)],
+            axis=1,
+        )
+        per_client = counts.sum(axis=1)
+        if per_client.min() >= p.min_samples:
+            return counts
+        smallest = int(per_client.min())
+    raise PartitionError(
+        f"partition: after {p.max_retries} Dirichlet draws (alpha = {p.alpha}) some client still had "
+        f"fewer than partition.min_samples = {p.min_samples} training samples (smallest seen: {smallest}); "
+        "raise alpha, lower min_samples or num_clients, use more data, or raise max_retries"
+    )
+
+
+def _pathological_counts(pools: list[np.ndarray], p: PartitionParams) -> np.ndarray:
+    """[K, C] counts: client k holds classes k*n .. k*n+n-1 (mod C), each class split evenly."""
+    K, C, n = p.num_clients, len(pools), p.classes_per_client
+    if n > C:
+        raise PartitionError(f"partition.classes_per_client = {n}: the dataset has only {C} classes")
+    holds = np.zeros((K, C), dtype=bool)
+    for k in range(K):
+        holds[k, [(k * n + j) % C for j in range(n)]] = True
+    counts = np.zeros((K, C), dtype=np.int64)
+    for c in range(C):
+        holders = np.flatnonzero(holds[:, c])
+        if len(holders):
+            counts[holders, c] = _largest_remainder(len(pools[c]), np.ones(len(holders)))
+    if counts.sum(axis=1).min() < p.min_samples:
+        raise PartitionError(
+            f"partition: a client gets only {int(counts.sum(axis=1).min())} samples with "
+            f"classes_per_client = {n} and num_clients = {K}; lower partition.min_samples or num_clients, or use more data"
+        )
+    return counts
+
+
+def _assign(pools: list[np.ndarray], counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hand out each class pool to clients by `counts` [K, C]; return (index grouped by client, offsets)."""
+    K, C = counts.shape
+    per_client: list[list[np.ndarray]] = [[] for _ in range(K)]
+    for c in range(C):
+        cuts = np.concatenate([[0], np.cumsum(counts[:, c])])
+        for k in range(K):
+            per_client[k].append(pools[c][cuts[k] : cuts[k + 1]])
+    chunks = [np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64) for parts in per_client]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in chunks])]).astype(np.int64)
+    return np.concatenate(chunks).astype(np.int64), offsets
+
+
+def make_partition(train_y: np.ndarray, test_y: np.ndarray, num_classes: int, p: PartitionParams, seed: int) -> Partition:
+    n_train = len(train_y)
+    if p.samples_per_client is not None:
+        fraction = min(1.0, p.num_clients * p.samples_per_client / n_train)
+    else:
+        fraction = p.data_fraction if p.data_fraction is not None else 1.0
+    train_pools = _class_pools(train_y, num_classes, fraction, seed, "partition.train")
+    test_pools = _class_pools(test_y, num_classes, fraction, seed, "partition.test")
+    # Check against the samples actually pooled (per-class rounding), not int(n_train * fraction):
+    # the float product can truncate below the true count (125.99... -> 125) and the rounding can differ.
+    used = sum(len(x) for x in train_pools)
+    if p.num_clients * p.min_samples > used:
+        raise PartitionError(
+            f"partition.num_clients = {p.num_clients}: needs at least {p.num_clients * p.min_samples} "
+            f"training samples (min_samples = {p.min_samples} each) but only {used} are used"
+        )
+
+    if p.scheme == "dirichlet":
+        train_counts = _dirichlet_counts(train_pools, p, seed)
+    else:
+        train_counts = _pathological_counts(train_pools, p)
+
+    # Test split: each class's test pool is divided in the same shares as its training
+    # samples, so every client's test label mix follows its training label mix.
+    test_counts = np.stack(
+        [_largest_remainder(len(test_pools[c]), train_counts[:, c].astype(float)) for c in range(num_classes)], axis=1
+    )
+    train_index, train_offsets = _assign(train_pools, train_counts)
+    test_index, test_offsets = _assign(test_pools, test_counts)
+    return Partition(p.num_clients, num_classes, train_index, train_offsets, test_index, test_offsets,
+                     train_y[train_index].astype(np.int64), test_y[test_index].astype(np.int64))
+
+
+def partition_stats(part: Partition) -> dict:
+    """Counts per client per class, for the stats file and the dashboard heatmap."""
+    C = part.num_classes
+    train = np.zeros((part.num_clients, C), dtype=np.int64)
+    test = np.zeros((part.num_clients, C), dtype=np.int64)
+    np.add.at(train, (part.train_client(), part.train_labels), 1)
+    np.add.at(test, (part.test_client(), part.test_labels), 1)
+    sizes = train.sum(axis=1)
+    return {
+        "num_clients": part.num_clients,
+        "num_classes": C,
+        "num_train": int(train.sum()),
+        "num_test": int(test.sum()),
+        "train_per_client": {"min": int(sizes.min()), "mean": float(sizes.mean()), "max": int(sizes.max())},
+        "train_counts": train.tolist(),
+        "test_counts": test.tolist(),
+    }
+
+
+def write_stats(stats: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(stats, indent=1))
+    tmp.replace(path)
