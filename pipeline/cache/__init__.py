@@ -1,0 +1,1 @@
+"""The knowledge cache: the neighbour index (faiss) and its SQL store (SQLAlchemy)."""
