@@ -1,0 +1,34 @@
+"""Run a stage flow from the command line with a short error instead of a traceback for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from pipeline.cache.neighbours import NeighbourError
+from pipeline.cache.store import CacheStoreError
+from pipeline.config import ConfigError
+from pipeline.data import DatasetNotFoundError
+from pipeline.encoder import EncoderError
+from pipeline.partition import PartitionError
+
+# Errors caused by the user's params or files: shown as one message, exit code 2.
+USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, NeighbourError, CacheStoreError,
+               FileNotFoundError)
+
+
+def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=flow_fn.__doc__)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    # Validate before Prefect starts: bad input fails in a second, before any work.
+    from pipeline.config import load_params
+
+    try:
+        load_params(args.params)
+        flow_fn(params_file=args.params)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,55 @@
+"""Stage 2: every client hashes its own samples with the fixed encoder (one task per client)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import flows  # noqa: F401
+from prefect import flow, task
+
+from pipeline import paths
+from pipeline.config import Params, load_params
+from pipeline.data import load_dataset
+from pipeline.devices import resolve_device
+from pipeline.encoder import build_encoder, encode
+from pipeline.partition import Partition
+
+
+@task
+def encode_client(encoder, images: np.ndarray, params: Params, device) -> np.ndarray:
+    # The client sees only its own images; the encoder is shared and fixed.
+    return encode(encoder, images, params.encode.batch_size, params.encode.dtype, device)
+
+
+@flow(name="encode")
+def encode_flow(params_file: str = "params.yaml") -> dict:
+    params = load_params(params_file)
+    part = Partition.load(paths.PARTITION)
+    ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
+    device = resolve_device(params.device)
+    encoder = build_encoder(params.encode, ds.train_x.shape[1:], params.seed)
+    start = time.perf_counter()
+    codes = [encode_client(encoder, ds.train_x[part.client_train(k)], params, device) for k in range(part.num_clients)]
+    codes = np.concatenate(codes)  # ordered by global sample id (clients one after another)
+    seconds = time.perf_counter() - start
+    paths.HASHES.parent.mkdir(parents=True, exist_ok=True)
+    tmp = paths.HASHES.with_suffix(".tmp.npy")
+    np.save(tmp, codes)
+    tmp.replace(paths.HASHES)
+    info = {"encoder": params.encode.encoder, "num_samples": int(codes.shape[0]), "dim": int(codes.shape[1]),
+            "dtype": str(codes.dtype), "seconds": round(seconds, 3),
+            "images_per_second": round(codes.shape[0] / max(seconds, 1e-9), 1), "device": str(device)}
+    paths.HASHES_INFO.write_text(json.dumps(info, indent=1))
+    print(f"encode: {info['num_samples']} samples -> {info['dim']}-d {info['dtype']} codes with {info['encoder']} "
+          f"in {seconds:.1f} s ({info['images_per_second']:.0f} images/s on {device})")
+    return info
+
+
+if __name__ == "__main__":
+    from flows.cli import run_stage
+
+    sys.exit(run_stage(encode_flow))

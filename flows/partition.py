@@ -1,0 +1,44 @@
+"""Stage 1: dataset -> K clients (index arrays + stats)."""
+
+from __future__ import annotations
+
+import sys
+
+import flows  # noqa: F401  (offline-safe Prefect settings)
+from prefect import flow, task
+
+from pipeline import paths
+from pipeline.config import Params, check_against_data, load_params
+from pipeline.data import load_dataset
+from pipeline.partition import Partition, make_partition, partition_stats, write_stats
+
+
+@task
+def split(params: Params) -> Partition:
+    ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
+    check_against_data(params, len(ds.train_y))
+    return make_partition(ds.train_y, ds.test_y, ds.num_classes, params.partition, params.seed)
+
+
+@task
+def save(part: Partition) -> dict:
+    stats = partition_stats(part)
+    part.save(paths.PARTITION)
+    write_stats(stats, paths.PARTITION_STATS)
+    return stats
+
+
+@flow(name="partition")
+def partition_flow(params_file: str = "params.yaml") -> dict:
+    params = load_params(params_file)
+    stats = save(split(params))
+    s = stats["train_per_client"]
+    print(f"partition: {stats['num_clients']} clients, {stats['num_train']} train / {stats['num_test']} test samples "
+          f"(per client min {s['min']}, mean {s['mean']:.1f}, max {s['max']})")
+    return stats
+
+
+if __name__ == "__main__":
+    from flows.cli import run_stage
+
+    sys.exit(run_stage(partition_flow))

@@ -1,0 +1,31 @@
+"""The whole pipeline as one Prefect flow: the stage flows in order, as subflows.
+
+`dvc repro` is the way to run stages incrementally; this flow is what a schedule runs
+(flows/serve.py), re-running every stage from params.yaml.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import flows  # noqa: F401
+from prefect import flow
+
+from flows.encode import encode_flow
+from flows.index import index_flow
+from flows.partition import partition_flow
+
+
+@flow(name="fedcache-pipeline")
+def pipeline_flow(params_file: str = "params.yaml") -> dict:
+    return {
+        "partition": partition_flow(params_file),
+        "encode": encode_flow(params_file),
+        "index": index_flow(params_file),
+    }
+
+
+if __name__ == "__main__":
+    from flows.cli import run_stage
+
+    sys.exit(run_stage(pipeline_flow))
