@@ -8,7 +8,7 @@ from typing import Callable
 
 from pipeline.cache.neighbours import NeighbourError
 from pipeline.cache.store import CacheStoreError
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, load_params
 from pipeline.data import DatasetNotFoundError
 from pipeline.encoder import EncoderError
 from pipeline.partition import PartitionError
@@ -18,16 +18,17 @@ USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, 
                FileNotFoundError)
 
 
-def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None) -> int:
+def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = ()) -> int:
     parser = argparse.ArgumentParser(description=flow_fn.__doc__)
+    for name in positional:
+        parser.add_argument(name)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    args = parser.parse_args(argv)
+    args = vars(parser.parse_args(argv))
+    params_file = args.pop("params")
     # Validate before Prefect starts: bad input fails in a second, before any work.
-    from pipeline.config import load_params
-
     try:
-        load_params(args.params)
-        flow_fn(params_file=args.params)
+        load_params(params_file)
+        flow_fn(params_file=params_file, **args)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

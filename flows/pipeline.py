@@ -1,4 +1,5 @@
-"""The whole pipeline as one Prefect flow: the stage flows in order, as subflows.
+"""The whole pipeline as one Prefect flow: the stage flows in order, as subflows
+(partition, encode, index, train for each algorithm, report).
 
 `dvc repro` is the way to run stages incrementally; this flow is what a schedule runs
 (flows/serve.py), re-running every stage from params.yaml.
@@ -14,15 +15,22 @@ from prefect import flow
 from flows.encode import encode_flow
 from flows.index import index_flow
 from flows.partition import partition_flow
+from flows.report import report_flow
+from flows.train import train_flow
+from pipeline.config import load_params
 
 
 @flow(name="fedcache-pipeline")
 def pipeline_flow(params_file: str = "params.yaml") -> dict:
-    return {
+    out = {
         "partition": partition_flow(params_file),
         "encode": encode_flow(params_file),
         "index": index_flow(params_file),
     }
+    for algorithm in load_params(params_file).train.algorithms:
+        out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
+    out["report"] = report_flow(params_file)
+    return out
 
 
 if __name__ == "__main__":

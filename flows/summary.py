@@ -21,8 +21,14 @@ def main() -> None:
           f"mean {s['mean']:.1f} max {s['max']}  -> {paths.PARTITION_STATS}")
     print(f"encode    : {info['num_samples']} hashes, {info['dim']}-d {info['dtype']} ({info['encoder']}), "
           f"{info['images_per_second']:.0f} images/s  -> {paths.HASHES}")
-    print(f"index     : R={meta['R']} neighbours per sample, same-client allowed: {meta['same_client']}, "
-          f"index kinds {meta['index_kinds']}  -> {params.cache_db_path}")
+    kinds = sorted(set(json.loads(meta["index_kinds"]).values()))
+    print(f"index     : R={meta['R']} neighbours per sample ({'/'.join(kinds)} search), same-client allowed: "
+          f"{meta['same_client']}  -> {params.cache_db_path}")
+    table = paths.REPORT_DIR / "comparison.md"
+    if table.exists():
+        print(f"training  : {params.train.rounds} rounds, results in {paths.RESULTS_DB}, plot in "
+              f"{paths.REPORT_DIR / 'accuracy_vs_bytes.png'}\n")
+        print(table.read_text())
 
 
 if __name__ == "__main__":

@@ -86,6 +86,45 @@ class IndexParams(_Section):
         return db_url
 
 
+ALGORITHMS = ("fedcache", "local")
+MODELS = ("resnet8", "resnet16", "resnet20")
+
+
+class TrainParams(_Section):
+    algorithms: list[Literal["fedcache", "local"]] = ["fedcache", "local"]
+    rounds: int = Field(30, ge=1)
+    eval_every: int = Field(1, ge=1)
+    participation: float = Field(1.0, gt=0, le=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1)
+    lr: float = Field(0.01, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
+    model: Literal["resnet8", "resnet16", "resnet20"] = "resnet8"
+    hetero: bool = False
+    eval_batch_size: int = Field(512, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1)
+
+    @field_validator("algorithms")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"must be a non-empty list without repeats, drawn from {', '.join(ALGORITHMS)}")
+        return v
+
+
+class FedCacheParams(_Section):
+    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
+    T: float = Field(3.0, gt=0, allow_inf_nan=False)
+    consistency: Literal["live", "round"] = "live"
+    cold_start: Literal["skip", "zeros"] = "skip"
+
+
+class LocalParams(_Section):
+    pass
+
+
 class Params(_Section):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -93,6 +132,9 @@ class Params(_Section):
     partition: PartitionParams = PartitionParams()
     encode: EncodeParams = EncodeParams()
     index: IndexParams = IndexParams()
+    train: TrainParams = TrainParams()
+    fedcache: FedCacheParams = FedCacheParams()
+    local: LocalParams = LocalParams()
 
     @property
     def cache_db_path(self) -> Path:

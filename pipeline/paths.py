@@ -8,3 +8,17 @@ HASHES = Path("data/hashes/hashes.npy")
 HASHES_INFO = Path("data/hashes/info.json")
 RELATIONS = Path("data/cache/relations.npy")
 CACHE_DIR = Path("data/cache")
+RESULTS = Path("results")
+RESULTS_DB = RESULTS / "results.duckdb"
+RUNS = RESULTS / "runs"  # results/runs/<algorithm>/: summary.json (+ the run's cache DB copy)
+CHECKPOINTS = RESULTS / "checkpoints"  # results/checkpoints/<algorithm>.pt (kept across dvc's output cleanup)
+METRICS = RESULTS / "metrics.json"
+REPORT_DIR = RESULTS / "report"
+
+
+def run_dir(algorithm: str) -> Path:
+    return RUNS / algorithm
+
+
+def checkpoint_path(algorithm: str) -> Path:
+    return CHECKPOINTS / f"{algorithm}.pt"

@@ -52,7 +52,7 @@ def test_write_knowledge_updates_only_given_samples(cache):
     path, *_, C = cache
     engine = store.engine_for(path)
     new = np.arange(3 * C, dtype=np.float32).reshape(3, C)
-    store.write_knowledge(engine, np.array([4, 9, 30]), new, round_=2)
+    store.write_knowledge(engine, np.array([4, 9, 30]), new, 2)
     engine.dispose()
     logits, rounds = store.read_knowledge(path)
     np.testing.assert_array_equal(logits[[4, 9, 30]], new)

@@ -153,10 +153,15 @@ def read_knowledge(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return logits, rounds
 
 
-def write_knowledge(engine: Engine, sample_ids: np.ndarray, logits: np.ndarray, round_: int) -> None:
-    """Store the latest knowledge of these samples in one transaction (one round's commit)."""
+def write_knowledge(engine: Engine, sample_ids: np.ndarray, logits: np.ndarray, rounds: int | np.ndarray) -> None:
+    """Store the latest knowledge of these samples in one transaction (one round's commit).
+
+    `rounds`: the round each sample's logits were uploaded in (one int for all, or per sample).
+    """
     logits = np.ascontiguousarray(logits, dtype=LOGIT_DTYPE)
+    rounds = np.broadcast_to(np.asarray(rounds, dtype=np.int64), (len(sample_ids),))
     stmt = update(knowledge).where(knowledge.c.sample_id == bindparam("sid")).values(
         round=bindparam("rnd"), logits=bindparam("blob"))
     with engine.begin() as conn:
-        conn.execute(stmt, [{"sid": s, "rnd": round_, "blob": row.tobytes()} for s, row in zip(sample_ids.tolist(), logits)])
+        conn.execute(stmt, [{"sid": s, "rnd": r, "blob": row.tobytes()}
+                                  for s, r, row in zip(sample_ids.tolist(), rounds.tolist(), logits)])

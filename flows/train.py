@@ -1,0 +1,77 @@
+"""Stage 4 (one per algorithm): federated rounds; per-round metrics and bytes -> DuckDB.
+
+    python -m flows.train <algorithm> [--params params.yaml]
+
+A killed run started again continues from its last checkpointed round.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import flows  # noqa: F401
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from pipeline import paths
+from pipeline.algorithms import REGISTRY
+from pipeline.config import ConfigError, Params, load_params
+from pipeline.data import load_dataset
+from pipeline.engine import Trainer
+from pipeline.partition import Partition
+from pipeline.results import ResultsDB
+
+
+@task(cache_policy=NO_CACHE)
+def prepare(params: Params, algorithm: str) -> Trainer:
+    part = Partition.load(paths.PARTITION)
+    ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
+    inputs = [paths.PARTITION, paths.RELATIONS] if algorithm == "fedcache" else [paths.PARTITION]
+    return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm), paths.checkpoint_path(algorithm),
+                   ResultsDB(paths.RESULTS_DB), inputs)
+
+
+@task(cache_policy=NO_CACHE)
+def start(trainer: Trainer) -> int:
+    return trainer.start()
+
+
+@task(cache_policy=NO_CACHE, task_run_name="round-{round_}")
+def train_round(trainer: Trainer, round_: int) -> None:
+    trainer.run_round(round_)
+
+
+@task(cache_policy=NO_CACHE)
+def finish(trainer: Trainer) -> dict:
+    summary = trainer.finish()
+    path = paths.run_dir(trainer.algorithm.name) / "summary.json"
+    path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+@flow(name="train")
+def train_flow(algorithm: str, params_file: str = "params.yaml") -> dict:
+    params = load_params(params_file)
+    if algorithm not in REGISTRY:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
+    trainer = prepare(params, algorithm)
+    first = start(trainer)
+    if first > 1:
+        print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
+    for round_ in range(first, params.train.rounds + 1):
+        train_round(trainer, round_)
+        acc = trainer.history[-1][1]
+        if acc is not None:
+            print(f"{algorithm} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}",
+                  flush=True)
+    summary = finish(trainer)
+    print(f"{algorithm}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "
+          f"bytes {summary['bytes_total']:,} ({summary['bytes_setup']:,} set-up)")
+    return summary
+
+
+if __name__ == "__main__":
+    from flows.cli import run_stage
+
+    sys.exit(run_stage(train_flow, positional=("algorithm",)))

@@ -1,0 +1,28 @@
+"""The small interface every method implements (one module per method, one registry line)."""
+
+from __future__ import annotations
+
+from pipeline.engine import Context
+
+
+class Algorithm:
+    name = "base"
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def setup(self) -> None:
+        """Round 0: one-time traffic (recorded in the ledger at round 0)."""
+
+    def train_round(self, round_: int, selected: list[int]) -> None:
+        """Local training of the selected clients plus this method's exchange."""
+        raise NotImplementedError
+
+    def end_round(self, round_: int) -> None:
+        """After training and evaluation: persist what the method keeps at rest."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,66 @@
+"""The byte ledger: every payload that crosses client <-> server is counted.
+
+A payload is a small named message (like Flower's typed messages): a kind plus the arrays
+that actually travel. Its size is the sum of those arrays' nbytes, ids included, so the
+ledger measures what is sent rather than estimating it. Counts are kept per
+(round, client, direction, kind); round 0 holds one-time setup traffic (FedCache's hash
+upload, kind "hashes"), so totals can be shown with and without it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+UP, DOWN = "up", "down"
+SETUP_ROUND = 0
+SETUP_KINDS = frozenset({"hashes"})
+
+
+def nbytes(array: torch.Tensor | np.ndarray) -> int:
+    if isinstance(array, torch.Tensor):
+        return array.numel() * array.element_size()
+    return int(array.nbytes)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one message carries: a kind and named arrays."""
+
+    kind: str
+    arrays: dict[str, torch.Tensor | np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(nbytes(a) for a in self.arrays.values())
+
+
+@dataclass
+class Ledger:
+    # (round, client, direction, kind) -> bytes
+    counts: dict[tuple[int, int, str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def record(self, round_: int, client: int, direction: str, payload: Payload) -> Payload:
+        """Count a payload as sent; returns it so a send reads as one expression."""
+        self.counts[(round_, client, direction, payload.kind)] += payload.nbytes
+        return payload
+
+    def rows(self, round_: int) -> list[tuple[int, int, str, str, int]]:
+        """(round, client, direction, kind, bytes) rows of one round, sorted."""
+        return sorted((r, c, d, k, b) for (r, c, d, k), b in self.counts.items() if r == round_)
+
+    def total(self, round_: int | None = None, direction: str | None = None, setup: bool = True) -> int:
+        return sum(
+            b for (r, _, d, k), b in self.counts.items()
+            if (round_ is None or r == round_) and (direction is None or d == direction)
+            and (setup or k not in SETUP_KINDS)
+        )
+
+    def state_dict(self) -> dict:
+        return {"counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts = defaultdict(int, state["counts"])
