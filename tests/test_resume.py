@@ -1,0 +1,95 @@
+"""Resume after a crash: a training stage killed mid-run and started again continues from its
+last checkpointed round and ends with the same metrics as an uninterrupted run (CPU, same seed)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+import torch
+import yaml
+
+from pipeline import paths
+
+pytestmark = pytest.mark.slow
+ROUNDS = 12
+
+
+def _start(cwd):
+    return subprocess.Popen([sys.executable, "-m", "flows.train", "fedcache"], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _checkpoint_round(path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)["round"]
+    except Exception:  # not there yet
+        return -1
+
+
+def _metrics(run_id):
+    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    try:
+        rounds = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
+                             [run_id]).fetchall()
+        clients = con.execute("SELECT round, client_id, acc FROM client_rounds WHERE run_id = ? ORDER BY round, client_id",
+                              [run_id]).fetchall()
+        comm = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
+                           [run_id]).fetchall()
+    finally:
+        con.close()
+    return rounds, clients, comm
+
+
+def _run_ids():
+    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    try:
+        return con.execute("SELECT run_id, status FROM runs ORDER BY started_at").fetchall()
+    finally:
+        con.close()
+
+
+def test_killed_run_resumes_to_the_same_metrics(tiny_workspace):
+    cwd, _, _ = tiny_workspace
+    raw = yaml.safe_load((cwd / "params.yaml").read_text())
+    raw["train"]["rounds"] = ROUNDS
+    (cwd / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    # 1. the uninterrupted reference run
+    ref = _start(cwd)
+    assert ref.wait(timeout=300) == 0, ref.stdout.read()
+    [(ref_id, ref_status)] = _run_ids()
+    assert ref_status == "finished"
+
+    # 2. the same run, killed (SIGKILL, no clean-up) once round 3 is checkpointed
+    ckpt = paths.checkpoint_path("fedcache")
+    proc = _start(cwd)
+    deadline = time.monotonic() + 300
+    while _checkpoint_round(ckpt) < 3:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = _checkpoint_round(ckpt)
+    assert 3 <= killed_at < ROUNDS
+    _, (crashed_id, status) = _run_ids()
+    assert status == "running"
+
+    # 3. started again: continues from the checkpoint, same run id, and finishes
+    again = _start(cwd)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out
+    assert f"resuming run {crashed_id} at round {killed_at + 1}" in out
+    assert [s for _, s in _run_ids()] == ["finished", "finished"]
+    assert not ckpt.exists()
+
+    ref_rounds, ref_clients, ref_comm = _metrics(ref_id)
+    rounds, clients, comm = _metrics(crashed_id)
+    assert [r[0] for r in rounds] == list(range(ROUNDS + 1))  # no round lost or written twice
+    assert rounds == ref_rounds  # identical accuracies and bytes, round by round
+    assert clients == ref_clients
+    assert comm == ref_comm

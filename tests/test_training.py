@@ -1,0 +1,91 @@
+"""The round loop on a tiny real run: ledger bytes = payload sizes, MAUA and per-client bookkeeping,
+knowledge persisted to the SQL store, local-only sends nothing."""
+
+import duckdb
+import numpy as np
+import pytest
+
+from pipeline import paths
+from pipeline.algorithms import REGISTRY
+from pipeline.cache import store
+from pipeline.data import load_dataset
+from pipeline.engine import Trainer
+from pipeline.results import ResultsDB
+
+
+def _run(params, part, algorithm, mnist):
+    trainer = Trainer(params, REGISTRY[algorithm], part, mnist, paths.run_dir(algorithm),
+                      paths.checkpoint_path(algorithm), ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
+    return trainer, trainer.run()
+
+
+def test_fedcache_bytes_equal_the_payload_formula(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer, summary = _run(params, part, "fedcache", mnist)
+    C, d = part.num_classes, np.load(paths.HASHES).shape[1]
+    sizes = np.diff(part.train_offsets)
+    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
+                       [summary["run_id"]]).fetchall()
+    per_round = con.execute("SELECT round, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
+                            [summary["run_id"]]).fetchall()
+    con.close()
+    expected = []
+    for k, n in enumerate(sizes):
+        expected.append((0, k, "up", "hashes", int(n * (8 + 8 + 2 * d))))  # ids, labels, float16 codes
+    for r in (1, 2):
+        for k, n in enumerate(sizes):
+            expected += [(r, k, "down", "knowledge", int(n * 4 * C)), (r, k, "up", "logits", int(n * (8 + 4 * C)))]
+    assert sorted(rows) == sorted(expected)
+    N = int(sizes.sum())
+    assert per_round == [(0, N * (16 + 2 * d), 0), (1, N * (8 + 4 * C), N * 4 * C), (2, N * (8 + 4 * C), N * 4 * C)]
+    assert summary["bytes_setup"] == N * (16 + 2 * d)
+    assert summary["bytes_total"] == N * (16 + 2 * d) + 2 * N * (8 + 8 * C)
+
+
+def test_maua_and_per_client_bookkeeping(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    _, summary = _run(params, part, "local", mnist)
+    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    clients = con.execute("SELECT round, client_id, acc, n_test FROM client_rounds WHERE run_id = ? ORDER BY round, client_id",
+                          [summary["run_id"]]).fetchall()
+    rounds = con.execute("SELECT round, mean_acc FROM rounds WHERE run_id = ? ORDER BY round", [summary["run_id"]]).fetchall()
+    status = con.execute("SELECT status, finished_at IS NOT NULL FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()
+    con.close()
+    n_test = np.diff(part.test_offsets).tolist()
+    for r, mean in rounds:
+        mine = [c for c in clients if c[0] == r]
+        assert [c[1] for c in mine] == [0, 1, 2]  # every client evaluated, not only the sampled ones
+        assert [c[3] for c in mine] == n_test  # on its whole test split
+        assert mean == pytest.approx(np.mean([c[2] for c in mine]))  # unweighted mean over clients
+        for _, _, acc, n in mine:
+            assert abs(acc * n - round(acc * n)) < 1e-9  # a count of correct predictions
+    assert summary["maua"] == pytest.approx(max(m for _, m in rounds))
+    assert summary["final_acc"] == pytest.approx(rounds[-1][1])
+    assert summary["bytes_total"] == 0
+    assert status == ("finished", True)
+
+
+def test_knowledge_is_persisted_each_round(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer, _ = _run(params, part, "fedcache", mnist)
+    logits, rounds = store.read_knowledge(paths.run_dir("fedcache") / "cache.db")
+    assert (rounds == 2).all()  # every sample uploaded in the last round
+    np.testing.assert_allclose(logits, trainer.algorithm.cache.logits.numpy())
+    # the index stage's DB is left untouched
+    _, source_rounds = store.read_knowledge(params.cache_db_path)
+    assert (source_rounds == -1).all()
+
+
+def test_partial_participation_still_evaluates_everyone(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    params = params.model_copy(update={"train": params.train.model_copy(update={"participation": 0.34})})
+    trainer, summary = _run(params, part, "fedcache", mnist)
+    assert trainer.select_clients(1) != trainer.select_clients(2) or len(trainer.select_clients(1)) == 1
+    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    trained = con.execute("SELECT round, count(DISTINCT client_id) FROM comm WHERE run_id = ? AND round > 0 GROUP BY round",
+                          [summary["run_id"]]).fetchall()
+    evaluated = con.execute("SELECT round, count(*) FROM client_rounds WHERE run_id = ? AND round > 0 GROUP BY round",
+                            [summary["run_id"]]).fetchall()
+    con.close()
+    assert all(n == 1 for _, n in trained) and all(n == 3 for _, n in evaluated)
