@@ -102,3 +102,25 @@ class ResultsDB:
     def setup_bytes(self, run_id: str) -> int:
         with self.connect(read_only=True) as con:
             return con.execute("SELECT coalesce(sum(bytes), 0) FROM comm WHERE run_id = ? AND round = 0", [run_id]).fetchone()[0]
+
+    def runs(self) -> list[dict]:
+        with self.connect(read_only=True) as con:
+            cur = con.execute("SELECT run_id, algorithm, dataset, setting, params, git_rev, started_at, finished_at, status "
+                              "FROM runs ORDER BY started_at")
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def series(self, run_ids: list[str]):
+        """RunSeries (pipeline.compare) of these runs, in the given order."""
+        from pipeline.compare import RunSeries
+
+        out = []
+        with self.connect(read_only=True) as con:
+            for run_id in run_ids:
+                meta = con.execute("SELECT algorithm, setting FROM runs WHERE run_id = ?", [run_id]).fetchone()
+                if meta is None:
+                    raise KeyError(f"run {run_id} not in {self.path}")
+                rows = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? "
+                                   "ORDER BY round", [run_id]).fetchall()
+                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r) for r in rows]))
+        return out
