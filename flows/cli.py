@@ -18,10 +18,13 @@ USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, 
                FileNotFoundError)
 
 
-def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = ()) -> int:
+def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = (),
+              flags: tuple[str, ...] = ()) -> int:
     parser = argparse.ArgumentParser(description=flow_fn.__doc__)
     for name in positional:
         parser.add_argument(name)
+    for name in flags:
+        parser.add_argument(f"--{name}", action="store_true")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = vars(parser.parse_args(argv))
     params_file = args.pop("params")

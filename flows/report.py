@@ -9,18 +9,22 @@ import flows  # noqa: F401
 from prefect import flow, task
 
 from pipeline import paths
-from pipeline.config import load_params
-from pipeline.report import comparison_rows, format_table, plot_accuracy_vs_bytes, write_outputs
+from pipeline.compare import comparison
+from pipeline.config import Params, load_params
+from pipeline.report import format_table, plot_accuracy_vs_bytes, write_outputs
 from pipeline.results import ResultsDB
 
 
 @task
-def gather(algorithms: list[str]) -> list[dict]:
+def gather(params: Params) -> list[dict]:
+    """The summary of every training stage of this pipeline (homogeneous, then heterogeneous)."""
     summaries = []
-    for alg in algorithms:
-        path = paths.run_dir(alg) / "summary.json"
+    runs = [(a, False) for a in params.train.algorithms] + [(a, True) for a in params.train.hetero_algorithms]
+    for alg, hetero in runs:
+        path = paths.run_dir(alg, hetero) / "summary.json"
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: run dvc repro train@{alg}")
+            stage = f"train-hetero@{alg}" if hetero else f"train@{alg}"
+            raise FileNotFoundError(f"{path} not found: run dvc repro {stage}")
         summaries.append(json.loads(path.read_text()))
     return summaries
 
@@ -28,9 +32,11 @@ def gather(algorithms: list[str]) -> list[dict]:
 @flow(name="report")
 def report_flow(params_file: str = "params.yaml") -> list[dict]:
     params = load_params(params_file)
-    summaries = gather(params.train.algorithms)
+    summaries = gather(params)
     db = ResultsDB(paths.RESULTS_DB)
-    rows = comparison_rows(summaries)
+    target = params.report.target_acc.get(params.data.dataset)
+    rows = comparison(db.series([s["run_id"] for s in summaries]), target)
+    db.write_comparison(",".join(s["run_id"] for s in summaries), rows)
     write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
     plot_accuracy_vs_bytes(db, summaries, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     print(format_table(rows))

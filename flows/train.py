@@ -1,6 +1,6 @@
 """Stage 4 (one per algorithm): federated rounds; per-round metrics and bytes -> DuckDB.
 
-    python -m flows.train <algorithm> [--params params.yaml]
+    python -m flows.train <algorithm> [--hetero] [--params params.yaml]
 
 A killed run started again continues from its last checkpointed round.
 """
@@ -24,12 +24,12 @@ from pipeline.results import ResultsDB
 
 
 @task(cache_policy=NO_CACHE)
-def prepare(params: Params, algorithm: str) -> Trainer:
+def prepare(params: Params, algorithm: str, hetero: bool) -> Trainer:
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
     inputs = [paths.PARTITION, paths.RELATIONS] if algorithm == "fedcache" else [paths.PARTITION]
-    return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm), paths.checkpoint_path(algorithm),
-                   ResultsDB(paths.RESULTS_DB), inputs)
+    return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm, hetero),
+                   paths.checkpoint_path(algorithm, hetero), ResultsDB(paths.RESULTS_DB), inputs, hetero)
 
 
 @task(cache_policy=NO_CACHE)
@@ -45,28 +45,30 @@ def train_round(trainer: Trainer, round_: int) -> None:
 @task(cache_policy=NO_CACHE)
 def finish(trainer: Trainer) -> dict:
     summary = trainer.finish()
-    path = paths.run_dir(trainer.algorithm.name) / "summary.json"
+    path = paths.run_dir(trainer.algorithm.name, trainer.hetero) / "summary.json"
     path.write_text(json.dumps(summary, indent=1))
     return summary
 
 
-@flow(name="train")
-def train_flow(algorithm: str, params_file: str = "params.yaml") -> dict:
+@flow(name="train", flow_run_name="train-{algorithm}")
+def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = False) -> dict:
     params = load_params(params_file)
     if algorithm not in REGISTRY:
         raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
-    trainer = prepare(params, algorithm)
+    if hetero and algorithm == "fedavg":
+        raise ConfigError("fedavg needs the same model on every client: it cannot run with heterogeneous models")
+    trainer = prepare(params, algorithm, hetero)
     first = start(trainer)
     if first > 1:
         print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
+    name = paths.run_name(algorithm, hetero)
     for round_ in range(first, params.train.rounds + 1):
         train_round(trainer, round_)
         acc = trainer.history[-1][1]
         if acc is not None:
-            print(f"{algorithm} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}",
-                  flush=True)
+            print(f"{name} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}", flush=True)
     summary = finish(trainer)
-    print(f"{algorithm}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "
+    print(f"{name}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "
           f"bytes {summary['bytes_total']:,} ({summary['bytes_setup']:,} set-up)")
     return summary
 
@@ -74,4 +76,4 @@ def train_flow(algorithm: str, params_file: str = "params.yaml") -> dict:
 if __name__ == "__main__":
     from flows.cli import run_stage
 
-    sys.exit(run_stage(train_flow, positional=("algorithm",)))
+    sys.exit(run_stage(train_flow, positional=("algorithm",), flags=("hetero",)))

@@ -3,8 +3,12 @@
 A payload is a small named message (like Flower's typed messages): a kind plus the arrays
 that actually travel. Its size is the sum of those arrays' nbytes, ids included, so the
 ledger measures what is sent rather than estimating it. Counts are kept per
-(round, client, direction, kind); round 0 holds one-time setup traffic (FedCache's hash
+(round, client, direction, kind, peer); round 0 holds one-time setup traffic (FedCache's hash
 upload, kind "hashes"), so totals can be shown with and without it.
+
+`client` is the client whose traffic it is: "up" = sent by it, "down" = received by it.
+`peer` is the other end: -1 for the server; in decentralized methods (pDFL) the receiving
+client of a directed edge, recorded once, on the sender's side, as "up".
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 import torch
 
 UP, DOWN = "up", "down"
+SERVER = -1
 SETUP_ROUND = 0
 SETUP_KINDS = frozenset({"hashes"})
 
@@ -40,21 +45,21 @@ class Payload:
 
 @dataclass
 class Ledger:
-    # (round, client, direction, kind) -> bytes
-    counts: dict[tuple[int, int, str, str], int] = field(default_factory=lambda: defaultdict(int))
+    # (round, client, direction, kind, peer) -> bytes
+    counts: dict[tuple[int, int, str, str, int], int] = field(default_factory=lambda: defaultdict(int))
 
-    def record(self, round_: int, client: int, direction: str, payload: Payload) -> Payload:
+    def record(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER) -> Payload:
         """Count a payload as sent; returns it so a send reads as one expression."""
-        self.counts[(round_, client, direction, payload.kind)] += payload.nbytes
+        self.counts[(round_, client, direction, payload.kind, peer)] += payload.nbytes
         return payload
 
-    def rows(self, round_: int) -> list[tuple[int, int, str, str, int]]:
-        """(round, client, direction, kind, bytes) rows of one round, sorted."""
-        return sorted((r, c, d, k, b) for (r, c, d, k), b in self.counts.items() if r == round_)
+    def rows(self, round_: int) -> list[tuple[int, int, str, str, int, int]]:
+        """(round, client, direction, kind, bytes, peer) rows of one round, sorted."""
+        return sorted((r, c, d, k, b, p) for (r, c, d, k, p), b in self.counts.items() if r == round_)
 
     def total(self, round_: int | None = None, direction: str | None = None, setup: bool = True) -> int:
         return sum(
-            b for (r, _, d, k), b in self.counts.items()
+            b for (r, _, d, k, _), b in self.counts.items()
             if (round_ is None or r == round_) and (direction is None or d == direction)
             and (setup or k not in SETUP_KINDS)
         )

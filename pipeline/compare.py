@@ -36,8 +36,10 @@ class RunSeries:
         accs = [a for _, a, _, _ in self.rounds if a is not None]
         return accs[-1] if accs else None
 
-    def bytes_to_target(self, target: float, include_setup: bool = True) -> int | None:
-        """Cumulative bytes when the mean accuracy first reaches `target` (None if never)."""
+    def bytes_to_target(self, target: float | None, include_setup: bool = True) -> int | None:
+        """Cumulative bytes when the mean accuracy first reaches `target` (None if never, or no target)."""
+        if target is None:
+            return None
         total = 0
         for r, acc, up, down in sorted(self.rounds):
             if r > 0 or include_setup:
@@ -47,7 +49,9 @@ class RunSeries:
         return None
 
 
-def comparison(series: list[RunSeries], target: float, include_setup: bool = True) -> list[dict]:
+def comparison(series: list[RunSeries], target: float | None, include_setup: bool = True) -> list[dict]:
+    """One row per run. speedup = (bytes to target of the most expensive run of the same setting
+    that reaches it) / (this run's); None when the run never reaches the target or sends nothing."""
     rows = []
     for s in series:
         rows.append({

@@ -86,12 +86,14 @@ class IndexParams(_Section):
         return db_url
 
 
-ALGORITHMS = ("fedcache", "local")
+ALGORITHMS = ("fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt")
+AlgorithmName = Literal["fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt"]
 MODELS = ("resnet8", "resnet16", "resnet20")
 
 
 class TrainParams(_Section):
-    algorithms: list[Literal["fedcache", "local"]] = ["fedcache", "local"]
+    algorithms: list[AlgorithmName] = ["fedcache", "fd", "fedavg", "fedproto", "local"]
+    hetero_algorithms: list[AlgorithmName] = []
     rounds: int = Field(30, ge=1)
     eval_every: int = Field(1, ge=1)
     participation: float = Field(1.0, gt=0, le=1)
@@ -101,16 +103,26 @@ class TrainParams(_Section):
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
     model: Literal["resnet8", "resnet16", "resnet20"] = "resnet8"
-    hetero: bool = False
     eval_batch_size: int = Field(512, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1)
 
     @field_validator("algorithms")
     @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
+    def _non_empty_unique(cls, v: list[str]) -> list[str]:
         if not v or len(set(v)) != len(v):
             raise ValueError(f"must be a non-empty list without repeats, drawn from {', '.join(ALGORITHMS)}")
+        return v
+
+    @field_validator("hetero_algorithms")
+    @classmethod
+    def _hetero(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("must not repeat an algorithm")
+        for name in ("fedavg", "pdfl", "fedalt"):
+            if name in v:
+                raise ValueError(f"{name} averages model parameters, so it needs the same model on every client; "
+                                 "remove it from the heterogeneous runs")
         return v
 
 
@@ -121,8 +133,72 @@ class FedCacheParams(_Section):
     cold_start: Literal["skip", "zeros"] = "skip"
 
 
+class FDParams(_Section):
+    gamma: float = Field(1.0, ge=0, allow_inf_nan=False)
+
+
+class FedAvgParams(_Section):
+    eval_model: Literal["personalized", "global"] = "personalized"
+
+
+class FedProtoParams(_Section):
+    lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")
+    eval: Literal["classifier", "prototype"] = "classifier"
+    prototype: Literal["mean", "median"] = "mean"
+    aggregation: Literal["count", "uniform", "confidence"] = "count"
+    align: bool = False
+    align_dim: int = Field(64, ge=1)
+    compress: bool = False
+    topk_fraction: float = Field(0.1, gt=0, le=1)
+
+
+class PDFLParams(_Section):
+    edge_prob: float = Field(0.3, gt=0, le=1)
+    min_degree: int = Field(2, ge=1)
+    max_redraws: int = Field(100, ge=1)
+    topology: Literal["static", "redraw", "subsample"] = "static"
+    subsample_fraction: float = Field(0.5, gt=0, le=1)
+    heads: int = Field(4, ge=1)
+    attention: bool = True
+    self_weight: float = Field(0.5, ge=0, le=1)
+    order: Literal["head_then_body", "body_then_head"] = "head_then_body"
+    internal_kd: bool = True
+    external_kd: bool = True
+    kd_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
+    T: float = Field(3.0, gt=0, allow_inf_nan=False)
+    top_k: int = Field(2, ge=1)
+
+
+class FedAltParams(_Section):
+    tiers: list[int] = [1, 2, 3]
+    vary_tiers: bool = False
+    tau: int = Field(5, ge=1)
+    lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")
+    T: float = Field(3.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v: list[int]) -> list[int]:
+        if not v or any(not 1 <= m <= 3 for m in v):
+            raise ValueError("must be a non-empty list of block counts between 1 and 3 (ResNet-20's three stages)")
+        return v
+
+
 class LocalParams(_Section):
     pass
+
+
+class ReportParams(_Section):
+    target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
+        "fashion_mnist": 0.75, "mnist": 0.90, "cifar10": 0.50}
+
+    @field_validator("target_acc")
+    @classmethod
+    def _in_unit_interval(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: a for k, a in v.items() if not 0 < a <= 1}
+        if bad:
+            raise ValueError(f"target accuracies must lie in (0, 1]; got {bad}")
+        return v
 
 
 class Params(_Section):
@@ -134,7 +210,13 @@ class Params(_Section):
     index: IndexParams = IndexParams()
     train: TrainParams = TrainParams()
     fedcache: FedCacheParams = FedCacheParams()
+    fd: FDParams = FDParams()
+    fedavg: FedAvgParams = FedAvgParams()
+    fedproto: FedProtoParams = FedProtoParams()
+    pdfl: PDFLParams = PDFLParams()
+    fedalt: FedAltParams = FedAltParams()
     local: LocalParams = LocalParams()
+    report: ReportParams = ReportParams()
 
     @property
     def cache_db_path(self) -> Path:

@@ -68,18 +68,19 @@ class Client:
         self.optimizer.step()
 
 
-def model_name(params: Params, client_id: int) -> str:
-    return HETERO_CYCLE[client_id % len(HETERO_CYCLE)] if params.train.hetero else params.train.model
+def model_name(params: Params, client_id: int, hetero: bool) -> str:
+    return HETERO_CYCLE[client_id % len(HETERO_CYCLE)] if hetero else params.train.model
 
 
-def build_clients(params: Params, part: Partition, ds: ImageDataset, device: torch.device) -> list[Client]:
+def build_clients(params: Params, part: Partition, ds: ImageDataset, device: torch.device,
+                  hetero: bool = False) -> list[Client]:
     clients = []
     t = params.train
     for k in range(part.num_clients):
         with torch.random.fork_rng(devices=[]):
             # the same client gets the same initial weights in every algorithm
             torch.manual_seed(int(torch_generator(params.seed, "init", k).initial_seed()))
-            model = build_model(model_name(params, k), ds.channels, ds.num_classes).to(device)
+            model = build_model(model_name(params, k, hetero), ds.channels, ds.num_classes).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
         clients.append(Client(
@@ -104,18 +105,19 @@ def batches(client: Client, round_: int, params: Params) -> Iterator[tuple[torch
 
 
 @torch.inference_mode()
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
+    """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(y), batch_size):
+        pred = model(x[start : start + batch_size]).argmax(dim=1)
+        correct += int((pred == y[start : start + batch_size]).sum())
+    return (correct / len(y) if len(y) else float("nan")), len(y)
+
+
 def evaluate(clients: list[Client], batch_size: int) -> list[tuple[int, float, int]]:
-    """(client, accuracy on its own test split, n_test) for every client; no batch dropped."""
-    rows = []
-    for c in clients:
-        c.model.eval()
-        correct = 0
-        for start in range(0, len(c.y_test), batch_size):
-            pred = c.model(c.x_test[start : start + batch_size]).argmax(dim=1)
-            correct += int((pred == c.y_test[start : start + batch_size]).sum())
-        n = len(c.y_test)
-        rows.append((c.id, correct / n if n else float("nan"), n))
-    return rows
+    """(client, accuracy of its own model on its own test split, n_test) for every client."""
+    return [(c.id, *evaluate_model(c.model, c.x_test, c.y_test, batch_size)) for c in clients]
 
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, T: float) -> torch.Tensor:
@@ -160,7 +162,7 @@ class Context:
     timer: Timer
     run_dir: Path
     num_classes: int
-    extra: dict = field(default_factory=dict)
+    hetero: bool = False
 
     def batches(self, client: Client, round_: int):
         return batches(client, round_, self.params)
@@ -176,7 +178,8 @@ def git_revision() -> str:
 
 def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
     """Identifies a run's inputs; a checkpoint is resumed only when this matches."""
-    h = hashlib.sha256(json.dumps({"algorithm": algorithm, "params": params.model_dump(mode="json")}, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps({"algorithm": algorithm, "params": params.model_dump(mode="json", by_alias=True)},
+                                  sort_keys=True).encode())
     for f in files:
         h.update(Path(f).read_bytes() if Path(f).is_file() else b"-")
     return h.hexdigest()
@@ -184,7 +187,7 @@ def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
 
 class Trainer:
     def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
-                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path]):
+                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path], hetero: bool = False):
         torch.set_num_threads(params.train.threads)
         self.params = params
         self.device = resolve_device(params.device)
@@ -192,10 +195,12 @@ class Trainer:
         self.checkpoint_path = Path(checkpoint_path)
         self.dataset_name = ds.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.ctx = Context(params, build_clients(params, part, ds, self.device), Ledger(), part, self.device, Timer(),
-                           run_dir, ds.num_classes)
+        self.hetero = hetero
+        self.setting = "hetero" if hetero else "homo"
+        self.ctx = Context(params, build_clients(params, part, ds, self.device, hetero), Ledger(), part, self.device,
+                           Timer(), run_dir, ds.num_classes, hetero)
         self.algorithm = algorithm_cls(self.ctx)
-        self.fingerprint = fingerprint(params, self.algorithm.name, input_files)
+        self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", input_files)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
 
@@ -209,9 +214,8 @@ class Trainer:
             self.results.drop_after(self.run_id, state["round"])
             return state["round"] + 1
         self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        setting = "hetero" if self.params.train.hetero else "homo"
-        self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, setting,
-                               self.params.model_dump(mode="json"), git_revision())
+        self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
+                               self.params.model_dump(mode="json", by_alias=True), git_revision())
         start = time.perf_counter()
         self.ctx.timer.reset()
         self.algorithm.setup()  # one-time traffic, recorded at round 0
@@ -250,15 +254,16 @@ class Trainer:
         t = self.params.train
         timer = self.ctx.timer
         rows: list[tuple[int, float, int]] = []
+        extras: dict[str, float] = {}
         if round_ % t.eval_every == 0 or round_ == t.rounds:
             with timer("eval"):
-                rows = evaluate(self.ctx.clients, t.eval_batch_size)
+                rows, extras = self.algorithm.evaluate(round_)
         mean_acc = float(np.mean([a for _, a, _ in rows])) if rows else None
         with timer("db"):
             self.algorithm.end_round(round_)
             ledger = self.ctx.ledger
             self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
-                                     time.perf_counter() - start, rows, ledger.rows(round_))
+                                     time.perf_counter() - start, rows, ledger.rows(round_), extras)
         self.history.append((round_, mean_acc))
         if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
             with timer("checkpoint"):
@@ -293,7 +298,7 @@ class Trainer:
             "run_id": self.run_id,
             "algorithm": self.algorithm.name,
             "dataset": self.dataset_name,
-            "setting": "hetero" if self.params.train.hetero else "homo",
+            "setting": self.setting,
             "rounds": self.params.train.rounds,
             "maua": max(a for _, a in evaluated),
             "final_acc": evaluated[-1][1],

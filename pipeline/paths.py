@@ -16,9 +16,13 @@ METRICS = RESULTS / "metrics.json"
 REPORT_DIR = RESULTS / "report"
 
 
-def run_dir(algorithm: str) -> Path:
-    return RUNS / algorithm
+def run_name(algorithm: str, hetero: bool = False) -> str:
+    return f"{algorithm}-hetero" if hetero else algorithm
 
 
-def checkpoint_path(algorithm: str) -> Path:
-    return CHECKPOINTS / f"{algorithm}.pt"
+def run_dir(algorithm: str, hetero: bool = False) -> Path:
+    return RUNS / run_name(algorithm, hetero)
+
+
+def checkpoint_path(algorithm: str, hetero: bool = False) -> Path:
+    return CHECKPOINTS / f"{run_name(algorithm, hetero)}.pt"

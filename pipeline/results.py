@@ -31,7 +31,16 @@ CREATE TABLE IF NOT EXISTS client_rounds (
     PRIMARY KEY (run_id, round, client_id)
 );
 CREATE TABLE IF NOT EXISTS comm (
-    run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, kind VARCHAR, bytes BIGINT
+    run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, kind VARCHAR, bytes BIGINT,
+    peer_id INTEGER  -- the other end: -1 = the server; pDFL: the receiving client of a directed edge
+);
+CREATE TABLE IF NOT EXISTS round_metrics (
+    run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
+);
+CREATE TABLE IF NOT EXISTS comparison (
+    report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
+    final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
+    bytes_to_target BIGINT, speedup DOUBLE
 );
 """
 
@@ -69,8 +78,10 @@ class ResultsDB:
             )
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
-                    wall_s: float, client_rows: list[tuple[int, float, int]], comm_rows: list[tuple]) -> None:
-        """One round's rows in one transaction. client_rows: (client, acc, n_test); comm_rows: (round, client, dir, kind, bytes)."""
+                    wall_s: float, client_rows: list[tuple[int, float, int]], comm_rows: list[tuple],
+                    extras: dict[str, float] | None = None) -> None:
+        """One round's rows in one transaction. client_rows: (client, acc, n_test); comm_rows: (round, client, dir,
+        kind, bytes, peer); extras: named round metrics (e.g. a second accuracy reading)."""
         with self.connect() as con:
             con.execute("BEGIN")
             con.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?)", [run_id, round_, mean_acc, bytes_up, bytes_down, wall_s])
@@ -78,16 +89,31 @@ class ResultsDB:
                 con.executemany("INSERT INTO client_rounds VALUES (?, ?, ?, ?, ?)",
                                 [(run_id, round_, c, a, n) for c, a, n in client_rows])
             if comm_rows:
-                con.executemany("INSERT INTO comm VALUES (?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
+                con.executemany("INSERT INTO comm (run_id, round, client_id, direction, kind, bytes, peer_id) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
+            if extras:
+                con.executemany("INSERT INTO round_metrics VALUES (?, ?, ?, ?)",
+                                [(run_id, round_, k, v) for k, v in extras.items()])
             con.execute("COMMIT")
 
     def drop_after(self, run_id: str, round_: int) -> None:
         """Forget rows past `round_` (written after the last checkpoint of a run that crashed)."""
         with self.connect() as con:
             con.execute("BEGIN")
-            for table in ("rounds", "client_rounds", "comm"):
+            for table in ("rounds", "client_rounds", "comm", "round_metrics"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND round > ?", [run_id, round_])
             con.execute("UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?", [run_id])
+            con.execute("COMMIT")
+
+    def write_comparison(self, report_id: str, rows: list[dict]) -> None:
+        """Replace the comparison table with this report's rows."""
+        cols = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
+                "bytes_training", "target_acc", "bytes_to_target", "speedup")
+        with self.connect() as con:
+            con.execute("BEGIN")
+            con.execute("DELETE FROM comparison")
+            con.executemany(f"INSERT INTO comparison (report_id, {', '.join(cols)}) VALUES ({', '.join('?' * (len(cols) + 1))})",
+                            [(report_id, *(r[c] for c in cols)) for r in rows])
             con.execute("COMMIT")
 
     def finish_run(self, run_id: str, status: str = "finished") -> None:

@@ -24,7 +24,7 @@ def test_default_params_yaml_parses_to_its_own_values(repo_root):
     raw = yaml.safe_load((repo_root / "params.yaml").read_text())
     params = load_params(repo_root / "params.yaml")
     assert isinstance(params, Params)
-    dumped = params.model_dump()
+    dumped = params.model_dump(by_alias=True)
     # every value written in params.yaml arrives unchanged (nothing dropped or coerced)
     for key, value in raw.items():
         if isinstance(value, dict):

@@ -25,11 +25,10 @@ def test_hetero_cycle_is_a1_a2_a3():
     from pipeline.config import parse_params
     from pipeline.engine import model_name
 
-    params = parse_params({"train": {"hetero": True}})
-    assert [model_name(params, i) for i in range(6)] == ["resnet8", "resnet16", "resnet20"] * 2
+    params = parse_params({"train": {"model": "resnet16"}})
+    assert [model_name(params, i, hetero=True) for i in range(6)] == ["resnet8", "resnet16", "resnet20"] * 2
     assert HETERO_CYCLE == ("resnet8", "resnet16", "resnet20")
-    homo = parse_params({"train": {"model": "resnet16"}})
-    assert {model_name(homo, i) for i in range(6)} == {"resnet16"}
+    assert {model_name(params, i, hetero=False) for i in range(6)} == {"resnet16"}
 
 
 def test_unknown_model_is_an_error():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.engine import Context
+from pipeline.engine import Context, evaluate
 
 
 class Algorithm:
@@ -17,6 +17,11 @@ class Algorithm:
     def train_round(self, round_: int, selected: list[int]) -> None:
         """Local training of the selected clients plus this method's exchange."""
         raise NotImplementedError
+
+    def evaluate(self, round_: int) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
+        """Every client on its own test split: (client, acc, n_test) rows for the round figure,
+        plus named extra round metrics (e.g. another accuracy reading). Default: each client's model."""
+        return evaluate(self.ctx.clients, self.ctx.params.train.eval_batch_size), {}
 
     def end_round(self, round_: int) -> None:
         """After training and evaluation: persist what the method keeps at rest."""
