@@ -1,0 +1,111 @@
+"""FedProto's extensions, each on its own against the baseline: accuracy and bytes.
+
+    nice -n 10 .venv/bin/python bench/fedproto_extensions.py                 # all variants
+    nice -n 10 .venv/bin/python bench/fedproto_extensions.py --variants baseline compress
+
+The setting (defaults): FashionMNIST, K=10 clients x 200 training samples (Dirichlet alpha from
+params.yaml), ResNet-8, 10 rounds, full participation, the train.* settings of params.yaml.
+It writes a params file into bench/.work/fedproto/ and runs the partition stage CLI there
+(FedProto needs no encode/index), then runs one Trainer in-process per variant (fresh run,
+results in that directory's DuckDB) and prints a Markdown table: MAUA and final accuracy of the
+round figure (the local classifier, fedproto.eval: classifier), the nearest-prototype reading
+(its maximum over rounds and its final value), total bytes (up + down) and bytes up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+VARIANTS: dict[str, dict] = {
+    "baseline": {},
+    "lambda=0": {"lambda": 0.0},  # prototypes still exchanged, but no pull toward them: a local-only reference
+    "uniform": {"aggregation": "uniform"},
+    "median": {"prototype": "median"},
+    "confidence": {"aggregation": "confidence"},
+    "align": {"align": True},
+    "compress": {"compress": True},
+    "compress-0.25": {"compress": True, "topk_fraction": 0.25},
+}
+
+
+def prepare(args) -> Path:
+    work = ROOT / "bench" / ".work" / "fedproto"
+    work.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(dataset="fashion_mnist")
+    if args.seed is not None:
+        params["seed"] = args.seed
+    params["partition"].update(num_clients=args.clients, samples_per_client=args.samples, data_fraction=None)
+    params["train"].update(rounds=args.rounds, algorithms=["fedproto"], hetero_algorithms=[], model="resnet8",
+                           participation=1.0, eval_every=1)
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "flows.partition"], cwd=work, env=env, check=True)
+    print(f"stage partition: {time.perf_counter() - start:.1f} s wall (incl. Prefect start-up)", flush=True)
+    return work
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=200, help="mean training samples per client")
+    ap.add_argument("--seed", type=int, default=None, help="root seed (default: params.yaml's)")
+    args = ap.parse_args()
+    work = prepare(args)
+    os.chdir(work)
+
+    from pipeline import paths
+    from pipeline.algorithms import REGISTRY
+    from pipeline.config import load_params
+    from pipeline.data import load_dataset
+    from pipeline.engine import Trainer
+    from pipeline.partition import Partition
+    from pipeline.results import ResultsDB
+
+    base = load_params("params.yaml")
+    part = Partition.load(paths.PARTITION)
+    ds = load_dataset(base.data.dataset, base.data.root)
+    results = ResultsDB(paths.RESULTS_DB)
+    print(f"FashionMNIST (seed {base.seed}): K={part.num_clients}, {part.num_train} training / {len(part.test_labels)} test samples, "
+          f"ResNet-8, {base.train.rounds} rounds, batch {base.train.batch_size}, lr {base.train.lr}, "
+          f"torch threads {base.train.threads}", flush=True)
+    table = []
+    for name in args.variants:
+        overrides = {("lambda_" if k == "lambda" else k): v for k, v in VARIANTS[name].items()}
+        params = base.model_copy(update={"fedproto": base.fedproto.model_copy(update=overrides)})
+        ckpt = Path(f"results/checkpoints/fedproto-{name}.pt")
+        ckpt.unlink(missing_ok=True)  # always a fresh run
+        start = time.perf_counter()
+        trainer = Trainer(params, REGISTRY["fedproto"], part, ds, paths.RUNS / f"fedproto-{name}", ckpt, results,
+                          [paths.PARTITION])
+        summary = trainer.run()
+        wall = time.perf_counter() - start
+        with results.connect(read_only=True) as con:
+            proto = [v for (v,) in con.execute("SELECT value FROM round_metrics WHERE run_id = ? AND name = "
+                                               "'acc_prototype' ORDER BY round", [summary["run_id"]]).fetchall()]
+        table.append((name, summary["maua"], summary["final_acc"], max(proto[1:]), proto[-1], summary["bytes_total"],
+                      summary["bytes_up"], wall))
+        print(f"  {name}: MAUA {summary['maua']:.4f}, {summary['bytes_total']:,} B, {wall:.0f} s", flush=True)
+
+    print("\n| variant | MAUA (classifier) | final acc (classifier) | max acc (prototype) | final acc (prototype) "
+          "| bytes up+down | bytes up | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, maua, final, pmax, pfinal, total, up, wall in table:
+        print(f"| {name} | {maua:.4f} | {final:.4f} | {pmax:.4f} | {pfinal:.4f} | {total:,} | {up:,} | {wall:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""FedProto: per-class prototypes (mean penultimate features) instead of parameters or logits.
+
+One round, for each selected client k:
+  1. down: the global prototypes the server holds (class ids [c'] int64 + [c', D] float32);
+     nothing is sent before the first upload (round 1);
+  2. one local epoch on CE(head(f), y) + lambda * MSE(z, P[y]), z = the sample's feature f
+     (or adapter(f) with `align`), P[y] the global prototype of its label; samples whose
+     label has no global prototype contribute no MSE (the mean runs over B*D, as the
+     reference code, which substitutes the sample's own feature there);
+  3. an eval-mode pass over its training data: per-class prototypes (`prototype: mean`, or
+     the per-class torch.median of the features, `median`: the lower median for an even
+     count), class counts and, for `aggregation: confidence`, the classifier's per-class
+     accuracy on those same samples;
+  4. up: class ids [c] int64, counts [c] int64, prototypes [c, D] float32 (+ accuracies [c]
+     float32 for confidence). With `compress`, the prototypes travel as a compressed delta
+     (below) instead of the float32 matrix.
+After the round, the server aggregates per class over the *latest* upload of every client
+that ever uploaded (partial participation works; clients that never did contribute nothing):
+  count      weights = class counts (FedProto's weighted mean, the default)
+  uniform    every holder of the class counts once
+  confidence weights = softmax over the holders of their per-class accuracy (seed's guide).
+
+Evaluation (every client, own test split, one forward pass): accuracy of the local classifier
+and of the nearest global prototype (Euclidean, in the prototype space). The round figure
+uses `fedproto.eval`; both readings are stored as round metrics acc_classifier /
+acc_prototype. Prototype evaluation uses the server's current global prototypes (those
+aggregated at the end of this round, as the reference code evaluates); it is measurement,
+not traffic, so no bytes are counted for it.
+
+Extensions (each behind a param in params.yaml's fedproto section):
+- `prototype: median`: robust prototypes (per-class median instead of mean).
+- `aggregation: confidence`: softmax-of-accuracy weights, as above.
+- `align`: a feature-alignment adapter Linear(feature_dim, 128)-ReLU-Linear(128, align_dim)
+  per client maps its features into a shared prototype space of size align_dim, so clients
+  whose feature sizes differ still share prototypes; prototypes, the MSE term and
+  prototype-based evaluation then live in that space. The seed's guide puts the adapter on
+  the server, but a server has no data to train it on; here each client owns its adapter and
+  trains it jointly with its model (separate SGD optimizer with the train.* settings, kept in
+  this algorithm's state and checkpointed) through the MSE term toward the global
+  prototypes. All adapters start from one seeded initialisation (the second layer is
+  identical on every client; the first is identical among clients with equal feature_dim),
+  so the clients' aligned spaces start out compatible. The adapter never leaves the client:
+  no bytes for it.
+- `compress`: each upload sends, per class, the delta to the previous upload's server
+  reconstruction r (zero at the start; client and server both keep r and apply the same
+  update), top-k sparsified (k = ceil(topk_fraction * D) largest |delta| dims) and int8
+  quantized with a per-prototype float32 scale max|delta_k| / 127: values int8 [c, k],
+  indices int16 [c, k], scales float32 [c] (+ class ids and counts, and accuracies for
+  confidence). Both sides then do r[idx] += values * scale and the server aggregates r.
+  The download stays float32.
+
+Bytes per selected client and round (c classes held, c' global classes, D prototype dims,
+k sent dims): down = c'*(8 + 4D) (from round 2, or once anything was uploaded);
+up = c*(8 + 8 + 4D) [+ 4c with confidence]; compressed up = c*(8 + 8 + k + 2k + 4) [+ 4c].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.algorithms.base import Algorithm
+from pipeline.comm import DOWN, UP, Payload
+from pipeline.config import ConfigError
+from pipeline.engine import Client, Context
+from pipeline.seeds import torch_generator
+
+ADAPTER_HIDDEN = 128
+
+
+# -- pure functions (unit-tested) -------------------------------------------------------
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int, how: str = "mean"
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """features [n, D], labels [n] -> (prototypes [C, D] (zero rows for absent classes), counts [C] int64).
+    `mean`: per-class mean (index_add); `median`: per-class torch.median (lower median for even counts)."""
+    D = features.shape[1]
+    counts = torch.zeros(num_classes, dtype=torch.long, device=features.device)
+    counts.index_add_(0, labels, torch.ones_like(labels))
+    protos = torch.zeros(num_classes, D, dtype=features.dtype, device=features.device)
+    if how == "mean":
+        protos.index_add_(0, labels, features)
+        held = counts > 0
+        protos[held] /= counts[held].unsqueeze(1).to(features.dtype)
+    elif how == "median":
+        for c in torch.nonzero(counts).flatten().tolist():  # one median per class, no per-sample loop
+            protos[c] = torch.median(features[labels == c], dim=0).values
+    else:
+        raise ValueError(f"unknown prototype kind {how!r}")
+    return protos, counts
+
+
+def aggregation_weights(counts: torch.Tensor, held: torch.Tensor, how: str, accuracy: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    """counts [K, C], held [K, C] bool, accuracy [K, C] -> weights [K, C] that sum to 1 over the
+    clients holding each class (all zero for a class nobody holds)."""
+    if how == "count":
+        w = counts.double() * held
+    elif how == "uniform":
+        w = held.double()
+    elif how == "confidence":
+        if accuracy is None:
+            raise ValueError("confidence aggregation needs per-class accuracies")
+        logits = accuracy.double().masked_fill(~held, float("-inf"))
+        return torch.softmax(logits, dim=0).nan_to_num(0.0)  # a column of -inf (nobody holds it) -> NaN -> 0
+    else:
+        raise ValueError(f"unknown aggregation {how!r}")
+    total = w.sum(dim=0, keepdim=True)
+    return torch.where(total > 0, w / total.clamp_min(1e-300), torch.zeros_like(w))
+
+
+def aggregate(protos: torch.Tensor, counts: torch.Tensor, held: torch.Tensor, how: str = "count",
+              accuracy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latest uploads protos [K, C, D] -> (global prototypes [C, D] float32, has [C] bool)."""
+    w = aggregation_weights(counts, held, how, accuracy)
+    global_ = (w.unsqueeze(-1) * protos.double()).sum(dim=0).float()
+    return global_, held.any(dim=0)
+
+
+def prototype_mse(z: torch.Tensor, y: torch.Tensor, table: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
+    """MSE(z, table[y]) over the samples whose label has a global prototype (has[y]), averaged over
+    all B*D entries: the others count as zero error (the reference code substitutes their own feature)."""
+    mask = has[y]
+    if not bool(mask.any()):
+        return z.new_zeros(())
+    return (z[mask] - table[y[mask]]).pow(2).sum() / z.numel()
+
+
+def topk_count(fraction: float, dim: int) -> int:
+    return min(dim, max(1, math.ceil(fraction * dim)))
+
+
+def compress(proto: torch.Tensor, reference: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """proto, reference [c, D] float32 -> {"values": int8 [c, k], "indices": int16 [c, k], "scales": float32 [c]}:
+    the k largest |proto - reference| dims of each row, int8-quantized with scale max|delta_k| / 127."""
+    c, D = proto.shape
+    assert D < 32768, f"int16 indices need D < 32768, got {D}"
+    assert 1 <= k <= D, f"k must be in [1, {D}], got {k}"
+    delta = proto.float() - reference.float()
+    idx = delta.abs().topk(k, dim=1).indices
+    picked = delta.gather(1, idx)
+    scales = picked.abs().amax(dim=1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales)).unsqueeze(1)
+    values = (picked / safe).round().clamp_(-127, 127).to(torch.int8)
+    return {"values": values, "indices": idx.to(torch.int16), "scales": scales.float()}
+
+
+def decompress(values: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor, reference: torch.Tensor
+               ) -> torch.Tensor:
+    """The new reconstruction: reference with reference[idx] += values * scale (other dims unchanged)."""
+    out = reference.float().clone()
+    out.scatter_add_(1, indices.long(), values.float() * scales.float().unsqueeze(1))
+    return out
+
+
+def feature_dim(model: nn.Module) -> int:
+    dim = getattr(model, "feature_dim", None)
+    if dim is None:
+        dim = model.head.in_features
+    return int(dim)
+
+
+def make_adapter(in_dim: int, out_dim: int, seed: int) -> nn.Sequential:
+    """Linear(in_dim, 128)-ReLU-Linear(128, out_dim), seeded: the first layer by (seed, in_dim), the second
+    by seed alone, so every client's adapter starts from the same map where shapes allow."""
+    first, second = nn.Linear(in_dim, ADAPTER_HIDDEN), nn.Linear(ADAPTER_HIDDEN, out_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch_generator(seed, "init-align", in_dim).initial_seed()))
+        first.reset_parameters()
+        torch.manual_seed(int(torch_generator(seed, "init-align").initial_seed()))
+        second.reset_parameters()
+    return nn.Sequential(first, nn.ReLU(), second)
+
+
+# -- the method --------------------------------------------------------------------------
+
+
+class FedProto(Algorithm):
+    name = "fedproto"
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.p = p = ctx.params.fedproto
+        t = ctx.params.train
+        K, C = len(ctx.clients), ctx.num_classes
+        dims = [feature_dim(c.model) for c in ctx.clients]
+        if p.align:
+            self.dim = p.align_dim
+            self.adapters = [make_adapter(d, p.align_dim, ctx.params.seed).to(ctx.device) for d in dims]
+            self.adapter_opts = [torch.optim.SGD(a.parameters(), lr=t.lr, momentum=t.momentum,
+                                                 weight_decay=t.weight_decay) for a in self.adapters]
+        else:
+            if len(set(dims)) != 1:
+                raise ConfigError(f"fedproto: the clients' feature sizes differ ({sorted(set(dims))}); prototypes "
+                                  "cannot be shared: set fedproto.align: true")
+            self.dim = dims[0]
+            self.adapters, self.adapter_opts = [None] * K, [None] * K
+        D = self.dim
+        if p.compress and D >= 32768:
+            raise ConfigError(f"fedproto.compress sends int16 indices: the prototype size {D} must be below 32768")
+        self.k = topk_count(p.topk_fraction, D)
+        # server: the latest upload of every client (the reconstruction when compressing)
+        self.protos = torch.zeros(K, C, D)
+        self.counts = torch.zeros(K, C, dtype=torch.long)
+        self.accuracy = torch.zeros(K, C)
+        self.held = torch.zeros(K, C, dtype=torch.bool)
+        self.global_protos = torch.zeros(C, D)
+        self.global_has = torch.zeros(C, dtype=torch.bool)
+        # client side: each client's copy of the server's reconstruction of its uploads (compress only)
+        self.client_ref = torch.zeros(K, C, D)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _embed(self, k: int, f: torch.Tensor) -> torch.Tensor:
+        adapter = self.adapters[k]
+        return f if adapter is None else adapter(f)
+
+    @torch.inference_mode()
+    def _forward_all(self, k: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval-mode (prototype-space features [n, D], logits [n, C]) over x, in batches."""
+        client = self.ctx.clients[k]
+        client.model.eval()
+        if self.adapters[k] is not None:
+            self.adapters[k].eval()
+        zs, logits = [], []
+        bs = self.ctx.params.train.eval_batch_size
+        for start in range(0, len(x), bs):
+            f = client.model.features(x[start : start + bs])
+            zs.append(self._embed(k, f))
+            logits.append(client.model.head(f))
+        C = self.ctx.num_classes
+        if not zs:
+            return x.new_zeros(0, self.dim), x.new_zeros(0, C)
+        return torch.cat(zs), torch.cat(logits)
+
+    # -- one round ---------------------------------------------------------------------
+
+    def train_round(self, round_: int, selected: list[int]) -> None:
+        for k in selected:
+            table, has = self._download(round_, k)
+            self._train_local(round_, k, table, has)
+            self._upload(round_, k)
+        with self.ctx.timer("exchange"):
+            self.global_protos, self.global_has = aggregate(self.protos, self.counts, self.held, self.p.aggregation,
+                                                            self.accuracy)
+
+    def _download(self, round_: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        C, dev = self.ctx.num_classes, self.ctx.device
+        table = torch.zeros(C, self.dim, device=dev)
+        has = torch.zeros(C, dtype=torch.bool, device=dev)
+        with self.ctx.timer("exchange"):
+            classes = torch.nonzero(self.global_has).flatten()
+            if len(classes):  # nothing to send before the first upload
+                down = self.ctx.ledger.record(round_, k, DOWN, Payload("prototypes", {
+                    "class_ids": classes, "prototypes": self.global_protos[classes].clone()}))
+                ids = down.arrays["class_ids"].to(dev)
+                table[ids] = down.arrays["prototypes"].to(dev)
+                has[ids] = True
+        return table, has
+
+    def _train_local(self, round_: int, k: int, table: torch.Tensor, has: torch.Tensor) -> None:
+        client: Client = self.ctx.clients[k]
+        adapter, adapter_opt = self.adapters[k], self.adapter_opts[k]
+        client.model.train()
+        if adapter is not None:
+            adapter.train()
+        lam = self.p.lambda_
+        for x, y, _ in self.ctx.batches(client, round_):
+            f = client.model.features(x)
+            loss = F.cross_entropy(client.model.head(f), y)
+            if lam > 0 and bool(has.any()):
+                loss = loss + lam * prototype_mse(self._embed(k, f), y, table, has)
+            if adapter_opt is not None:
+                adapter_opt.zero_grad(set_to_none=True)
+            client.step(loss)
+            if adapter_opt is not None:
+                adapter_opt.step()
+
+    def _upload(self, round_: int, k: int) -> None:
+        client = self.ctx.clients[k]
+        C = self.ctx.num_classes
+        z, logits = self._forward_all(k, client.x_train)
+        y = client.y_train
+        protos, counts = class_prototypes(z, y, C, self.p.prototype)
+        with self.ctx.timer("exchange"):
+            mine = torch.nonzero(counts > 0).flatten()
+            arrays: dict[str, torch.Tensor] = {"class_ids": mine.cpu(), "counts": counts[mine].cpu()}
+            if self.p.aggregation == "confidence":
+                correct = torch.zeros(C, device=z.device).index_add_(0, y, (logits.argmax(1) == y).float())
+                arrays["accuracies"] = (correct[mine] / counts[mine].float()).cpu()
+            mine_cpu = mine.cpu()
+            if self.p.compress:
+                arrays.update(compress(protos[mine].cpu(), self.client_ref[k, mine_cpu], self.k))
+                self.client_ref[k, mine_cpu] = decompress(arrays["values"], arrays["indices"], arrays["scales"],
+                                                          self.client_ref[k, mine_cpu])
+            else:
+                arrays["prototypes"] = protos[mine].float().cpu()
+            up = self.ctx.ledger.record(round_, k, UP, Payload("prototypes", arrays))
+            self._receive(k, up.arrays)
+
+    def _receive(self, k: int, arrays: dict[str, torch.Tensor]) -> None:
+        """Server side: replace client k's latest upload with what arrived."""
+        ids = arrays["class_ids"]
+        if self.p.compress:
+            new = decompress(arrays["values"], arrays["indices"], arrays["scales"], self.protos[k, ids])
+        else:
+            new = arrays["prototypes"]
+        self.held[k].zero_()
+        self.counts[k].zero_()
+        self.accuracy[k].zero_()
+        self.protos[k, ids] = new
+        self.held[k, ids] = True
+        self.counts[k, ids] = arrays["counts"]
+        if "accuracies" in arrays:
+            self.accuracy[k, ids] = arrays["accuracies"]
+
+    # -- evaluation ------------------------------------------------------------------
+
+    def evaluate(self, round_: int):
+        classes = torch.nonzero(self.global_has).flatten().to(self.ctx.device)
+        protos = self.global_protos.to(self.ctx.device)[classes]
+        by_classifier, by_prototype = [], []
+        for c in self.ctx.clients:
+            z, logits = self._forward_all(c.id, c.x_test)
+            n = len(c.y_test)
+            acc_cls = float((logits.argmax(1) == c.y_test).sum()) / n if n else float("nan")
+            if len(classes) and n:
+                pred = classes[torch.cdist(z, protos).argmin(dim=1)]
+                acc_proto = float((pred == c.y_test).sum()) / n
+            else:
+                # no global prototypes yet (round 0 / before any upload): nothing to compare
+                # against, so the prototype reading falls back to the local classifier
+                acc_proto = acc_cls
+            by_classifier.append((c.id, acc_cls, n))
+            by_prototype.append((c.id, acc_proto, n))
+        mean = lambda rows: sum(a for _, a, _ in rows) / len(rows)  # noqa: E731
+        extras = {"acc_classifier": mean(by_classifier), "acc_prototype": mean(by_prototype)}
+        return (by_prototype if self.p.eval == "prototype" else by_classifier), extras
+
+    # -- checkpoint ------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        state = {name: getattr(self, name).clone() for name in
+                 ("protos", "counts", "accuracy", "held", "global_protos", "global_has", "client_ref")}
+        if self.p.align:
+            state["adapters"] = [{n: t.detach().cpu().clone() for n, t in a.state_dict().items()} for a in self.adapters]
+            state["adapter_opts"] = [_cpu_copy(o.state_dict()) for o in self.adapter_opts]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("protos", "counts", "accuracy", "held", "global_protos", "global_has", "client_ref"):
+            getattr(self, name).copy_(state[name])
+        if self.p.align:
+            for a, s in zip(self.adapters, state["adapters"]):
+                a.load_state_dict(s)
+            for o, s in zip(self.adapter_opts, state["adapter_opts"]):
+                o.load_state_dict(s)  # moves momentum buffers to the parameters' device
+
+
+def _cpu_copy(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(v) for v in obj]
+    return obj
