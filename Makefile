@@ -15,7 +15,12 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 180
 export DO_NOT_TRACK := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup venv dataset run test serve clean
+# The dashboard listens on this machine only unless you say otherwise (DASHBOARD_HOST=0.0.0.0).
+DASHBOARD_HOST ?= 127.0.0.1
+DASHBOARD_PORT ?= 8501
+DASHBOARD_ARGS ?=  # e.g. --results-db other.duckdb --refresh 2 (see dashboard/config.py)
+
+.PHONY: setup venv dataset browser run test serve dashboard clean
 
 setup: venv dataset
 
@@ -41,16 +46,35 @@ dataset:
 	  echo "FashionMNIST not found: install the Debian package dataset-fashion-mnist, copy its four .gz files into data/raw/, or set data.download: true in params.yaml"; \
 	fi
 
+# Debian's chromium for the dashboard's browser test (Playwright drives it; it never downloads
+# a browser). Installed when missing and apt is usable; otherwise the test skips and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium) \
+	    || echo "could not install chromium: the dashboard's browser test will skip"; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	  (sudo apt-get update -q && sudo apt-get install -y -q chromium) \
+	    || echo "could not install chromium: the dashboard's browser test will skip"; \
+	else \
+	  echo "chromium not found: install the Debian package chromium for the dashboard's browser test (it skips without it)"; \
+	fi
+
 run: setup
 	$(BIN)/dvc repro
 	$(BIN)/python -m flows.summary
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest
 
 # A local Prefect server on 127.0.0.1 serving the scheduled whole-pipeline deployment.
 serve: setup
 	$(BIN)/python -m flows.serve
+
+# The Streamlit dashboard over results/results.duckdb (read-only; fine while a training stage runs).
+dashboard: setup
+	$(BIN)/streamlit run dashboard/app.py --server.address $(DASHBOARD_HOST) --server.port $(DASHBOARD_PORT) \
+	  --server.headless true --browser.gatherUsageStats false $(if $(strip $(DASHBOARD_ARGS)),-- $(DASHBOARD_ARGS))
 
 clean:
 	rm -rf .prefect results data/partition data/hashes data/cache

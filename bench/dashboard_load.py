@@ -1,0 +1,88 @@
+"""Dashboard page load time: from navigation to the comparison table visible (and to the two
+overview charts drawn), in headless Chromium, on the results at hand (default: the ones
+`make run` wrote).
+
+    .venv/bin/python bench/dashboard_load.py            # starts `streamlit run` on 127.0.0.1
+    .venv/bin/python bench/dashboard_load.py --loads 10 --url http://127.0.0.1:8501/   # a running app
+
+The first load is "cold" (a fresh server process: its first script run imports pandas/altair
+and reads the dataset for the neighbour view); the others are warm (each one a new browser
+context, so nothing is cached in the browser). Needs Debian's chromium (`make browser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_dashboard_browser import CHART, CHROMIUM_ARGS, PANEL, TABLE, find_chromium, free_port, start_app  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loads", type=int, default=6, help="page loads (the first one cold when we start the server)")
+    ap.add_argument("--url", help="measure an app that is already running instead of starting one")
+    ap.add_argument("--results-db", default=None, help="results DB for the app we start (default: results/results.duckdb)")
+    ap.add_argument("--screenshot", default=str(ROOT / "artifacts" / "dashboard_default.png"),
+                    help="full-page screenshot of the last load ('' = none)")
+    args = ap.parse_args()
+
+    from playwright.sync_api import expect, sync_playwright
+
+    chromium = find_chromium()
+    if chromium is None:
+        sys.exit("no Chromium found: install Debian's chromium (make browser)")
+    proc = None
+    url = args.url
+    if url is None:
+        env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
+        if args.results_db:
+            env["FEDCACHE_RESULTS_DB"] = args.results_db
+        port = free_port()
+        t0 = time.monotonic()
+        proc = start_app(env, port)
+        print(f"server listening after {time.monotonic() - t0:.2f} s")
+        url = f"http://127.0.0.1:{port}/"
+    table_s, charts_s = [], []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            for i in range(args.loads):
+                ctx = browser.new_context(viewport={"width": 1400, "height": 1700})
+                page = ctx.new_page()
+                t0 = time.monotonic()
+                page.goto(url)
+                # the grid is drawn on a canvas; its cells are mirrored in a (visually hidden) ARIA table
+                expect(page.locator(TABLE).first).to_be_visible(timeout=60_000)
+                expect(page.locator(f"{TABLE} table td").first).to_be_attached(timeout=60_000)
+                table_s.append(time.monotonic() - t0)
+                expect(page.locator(f"{PANEL}:visible {CHART} svg.marks")).to_have_count(2, timeout=60_000)
+                charts_s.append(time.monotonic() - t0)
+                print(f"load {i + 1}{' (cold server)' if i == 0 and proc else ''}: table {table_s[-1]:.2f} s, "
+                      f"charts {charts_s[-1]:.2f} s")
+                if args.screenshot and i == args.loads - 1:
+                    Path(args.screenshot).parent.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=args.screenshot, full_page=True)
+                ctx.close()
+            browser.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+    warm = table_s[1:] if proc is not None and len(table_s) > 1 else table_s
+    warm_c = charts_s[1:] if proc is not None and len(charts_s) > 1 else charts_s
+    print(f"navigation -> table visible: median {statistics.median(warm):.2f} s warm "
+          f"(min {min(warm):.2f}, max {max(warm):.2f}); first load {table_s[0]:.2f} s")
+    print(f"navigation -> both overview charts drawn: median {statistics.median(warm_c):.2f} s warm")
+    print(f"({os.cpu_count()} CPUs)")
+
+
+if __name__ == "__main__":
+    main()

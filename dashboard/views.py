@@ -1,0 +1,220 @@
+"""The views of the dashboard, one function each (Streamlit layout over dashboard.data,
+dashboard.stages and dashboard.charts). Each draws into the current container; a failure in
+one is shown as a one-line message by `guarded` and leaves the others alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, stages
+from dashboard.config import Config
+from pipeline import data as datasets
+
+log = logging.getLogger("dashboard")
+QUERY, SAME_CLIENT, OTHER_CLIENT, WRONG_LABEL = (20, 20, 20), (170, 170, 170), (255, 140, 0), (220, 0, 0)
+
+
+@contextmanager
+def guarded(view: str):
+    """A view that fails says why in one line and leaves the other views alone (no traceback)."""
+    try:
+        yield
+    except (stages.InputMissing, datasets.DatasetNotFoundError) as err:
+        st.info(str(err))
+    except data.ResultsUnavailable as err:
+        st.warning(str(err))
+    except Exception as err:  # noqa: BLE001 - st.stop/st.rerun are BaseException and pass through
+        log.exception("view %s failed", view)
+        st.error(f"{view}: could not be drawn ({type(err).__name__}: {err})")
+
+
+def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
+    series = data.series(snap, ids)
+    if not series:
+        st.info("The selected runs have no rounds yet: curves and the table appear after the first round is written.")
+        return
+    curves = data.accuracy_curves(snap, include_setup)
+    labels = [snap.label(s.run_id) for s in series]
+    zero = pd.DataFrame([{"run": snap.label(s.run_id), "maua": s.maua} for s in series
+                         if (s.total_bytes if include_setup else s.total_bytes - s.setup_bytes) == 0 and s.maua is not None],
+                        columns=["run", "maua"])
+    left, right = st.columns(2)
+    with left:
+        st.altair_chart(charts.accuracy_vs_round(curves, labels), width="stretch")
+    with right:
+        st.altair_chart(charts.accuracy_vs_bytes(curves, zero, labels), width="stretch")
+        if not zero.empty:
+            st.caption("Dashed: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
+
+    st.subheader("Comparison")
+    if "target" not in st.session_state:
+        st.session_state["target"] = data.default_target(series)
+    target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
+                             step=0.01, format="%.2f", key="target")
+    table = data.comparison_frame(snap, ids, target, include_setup)
+    st.dataframe(
+        table.drop(columns=["target_acc", "algorithm", "setting"]), hide_index=True, width="stretch",
+        column_config={
+            "run": "run", "run_id": None,
+            "maua": st.column_config.NumberColumn("MAUA", format="percent", help="max over rounds of the mean user accuracy"),
+            "final_acc": st.column_config.NumberColumn("final acc", format="percent"),
+            "bytes_total": st.column_config.NumberColumn("bytes total", format="localized", help="up + down, set-up included"),
+            "bytes_training": st.column_config.NumberColumn("bytes w/o set-up", format="localized"),
+            "bytes_setup": st.column_config.NumberColumn("bytes set-up", format="localized"),
+            "bytes_to_target": st.column_config.NumberColumn(
+                f"bytes to {target:.0%}", format="localized",
+                help="cumulative bytes when the mean accuracy first reaches the target (empty: never reached)"),
+            "speedup": st.column_config.NumberColumn(
+                "speed-up", format="%.2fx",
+                help="bytes to target of the costliest run of the same setting that reaches it, over this run's"),
+        })
+    st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
+               "Speed-up compares runs of the same setting (homo/hetero).")
+    st.download_button("Download table (CSV)", table.to_csv(index=False), "comparison.csv", "text/csv")
+
+
+def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> None:
+    labels = [snap.label(s.run_id) for s in data.series(snap, ids)]
+    best = data.best_round_clients(snap)
+    if best.empty:
+        st.info("No per-client accuracies yet for the selected runs.")
+        return
+    left, right = st.columns([3, 2])
+    with left:
+        st.altair_chart(charts.client_spread(best, labels), width="stretch")
+    with right:
+        acc = best.groupby("run", sort=False)["acc"]
+        summary = pd.DataFrame({"best round": best.groupby("run", sort=False)["round"].first(),
+                                "min": acc.min(), "median": acc.median(), "max": acc.max(), "std": acc.std()})
+        pct = st.column_config.NumberColumn(format="percent")
+        st.dataframe(summary, width="stretch",
+                     column_config={"min": pct, "median": pct, "max": pct, "std": st.column_config.NumberColumn(
+                         "std", format="%.3f")})
+    st.subheader("Client drill-down")
+    clients = sorted(snap.clients["client_id"].unique().tolist())
+    cid = st.selectbox("Client", clients, key="client")
+    left, right = st.columns([3, 2])
+    with left:
+        st.altair_chart(charts.client_accuracy(data.client_history(snap, cid), cid, labels), width="stretch")
+    with right:
+        if stats is not None and cid < len(stats["train_counts"]):
+            mix = stages.label_mix(stats, _dataset(snap, ids))
+            st.caption(f"Client {cid}'s training label mix (current partition)")
+            st.bar_chart(mix[mix["client_id"] == cid].set_index("class")["count"], height=200)
+        cb = data.client_bytes(snap, cid)
+        if not cb.empty:
+            st.caption(f"Bytes client {cid} sent and received")
+            st.dataframe(cb.pivot_table(index="run", columns=["direction", "kind"], values="bytes", aggfunc="sum"),
+                         width="stretch")
+
+
+def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
+    totals = data.bytes_by_kind(snap, include_setup)
+    if totals.empty:
+        st.info("No bytes recorded for the selected runs (local-only training sends nothing).")
+        return
+    st.altair_chart(charts.bytes_stacked(totals), width="stretch")
+    with_bytes = [r for r in ids if r in set(snap.comm_rounds["run_id"])]
+    run = st.selectbox("Per round, run", with_bytes, format_func=snap.label, key="comm_run")
+    per_round = data.bytes_per_round(snap, run)
+    if not include_setup:
+        per_round = per_round[per_round["round"] > 0]
+    x = "round:O" if per_round["round"].nunique() <= 60 else "round:Q"  # one labelled bar per round while it fits
+    st.altair_chart(charts.bytes_stacked(per_round, x=x, title=f"{snap.label(run)}: bytes per round"), width="stretch")
+    silent = [snap.label(r) for r in ids if r not in set(with_bytes)]
+    if silent:
+        st.caption("No traffic: " + ", ".join(silent))
+
+
+def view_partition(cfg: Config, stats: dict | None, params: dict) -> None:
+    if stats is None:
+        stages.load_stats(cfg.stats_path)  # raises InputMissing with the fix
+    dataset = (params.get("data") or {}).get("dataset")
+    mix = stages.label_mix(stats, dataset)
+    per = stats.get("train_per_client", {})
+    st.caption(f"`{cfg.stats_path}`: {stats['num_clients']} clients, {stats['num_train']:,} training / "
+               f"{stats['num_test']:,} test samples, per client min {per.get('min')} · mean {per.get('mean')} · "
+               f"max {per.get('max')}. Test splits follow each client's training mix.")
+    k = (params.get("partition") or {}).get("num_clients")
+    if k is not None and k != stats["num_clients"]:
+        st.warning(f"The selected run used {k} clients; the partition on disk has {stats['num_clients']} "
+                   "(it was re-partitioned since).")
+    st.altair_chart(charts.label_heatmap(mix), width="stretch")
+
+
+@st.cache_resource(show_spinner="Loading the dataset…", max_entries=2)
+def _train_images(name: str, root: str):
+    return datasets.load_dataset(name, root).train_x
+
+
+@st.cache_resource(max_entries=2)
+def _train_index(path: str, mtime: float):
+    return stages.load_train_index(Path(path))
+
+
+def view_neighbours(cfg: Config, params: dict) -> None:
+    cache_db = cfg.cache_db or stages.cache_db_path(params)
+    overview = stages.cache_overview(cache_db)
+    meta = overview["meta"]
+    dataset = (params.get("data") or {}).get("dataset") or meta.get("dataset") or "fashion_mnist"
+    names = stages.class_names(dataset, int(meta.get("num_classes", len(overview["labels"]) or 10)))
+    st.caption(f"`{cache_db}`: {overview['num_samples']:,} samples, R = {meta.get('R')} cached neighbours each "
+               f"(same label, cosine on the {meta.get('hash_dim')}-d hash codes). Frames: black = the sample, "
+               "orange = a neighbour held by another client, grey = by the same client.")
+    c1, c2, c3 = st.columns(3)
+    n = c1.slider("Samples", 1, 10, 4, key="nb_n")
+    seed = c2.number_input("Seed", 0, 10_000, 0, key="nb_seed")
+    label = c3.selectbox("Class", [None, *overview["labels"]], key="nb_label",
+                         format_func=lambda c: "one per class" if c is None else names[c])
+    ids = stages.pick_samples(cache_db, n, int(seed), label)
+    nb = stages.neighbours(cache_db, ids)
+    part = cfg.partition_path
+    train_index = _train_index(str(part), part.stat().st_mtime if part.is_file() else 0.0)  # reloaded when rewritten
+    if len(train_index) != overview["num_samples"]:
+        st.warning(f"The partition has {len(train_index)} samples, the cache {overview['num_samples']}: "
+                   "they come from different stage runs (`dvc repro index`).")
+        return
+    root = cfg.data_root or Path((params.get("data") or {}).get("root") or "data/raw")
+    images = _train_images(dataset, str(root))
+    for sid in ids:
+        rows = nb[nb["sample_id"] == sid]
+        q = rows.iloc[0]
+        borders = [QUERY] + [WRONG_LABEL if r.label != q.label else (SAME_CLIENT if r.client_id == q.client_id
+                                                                      else OTHER_CLIENT) for r in rows.iloc[1:].itertuples()]
+        strip = stages.montage(images[train_index[rows["member_id"].to_numpy()]], borders)
+        others = int((rows.iloc[1:]["client_id"] != q.client_id).sum())
+        st.image(strip, caption=f"sample {sid} · {names[int(q.label)]} · client {int(q.client_id)} → "
+                                f"{len(rows) - 1} nearest cached neighbours ({others} from other clients)")
+
+
+def view_params(snap: data.Snapshot, ids: list[str]) -> None:
+    runs = snap.runs.set_index("run_id")
+    options = ids + [r for r in runs.index if r not in ids]
+    a, b = st.columns(2)
+    ra = a.selectbox("Run A", options, index=0, format_func=snap.label, key="params_a")
+    rb = b.selectbox("Run B", options, index=min(1, len(options) - 1), format_func=snap.label, key="params_b")
+    meta = ["algorithm", "setting", "dataset", "git_rev"]  # run columns, compared along with the params
+    diff = stages.params_diff({"run": {k: runs.at[ra, k] for k in meta}, **runs.at[ra, "params"]},
+                              {"run": {k: runs.at[rb, k] for k in meta}, **runs.at[rb, "params"]})
+    st.subheader("Diff")
+    if ra == rb:
+        st.caption("Pick two different runs to compare.")
+    elif diff.empty:
+        st.success("Same params.")
+    else:
+        st.dataframe(diff.rename(columns={"a": snap.label(ra), "b": snap.label(rb)}), hide_index=True, width="stretch")
+    a.caption(f"git {runs.at[ra, 'git_rev']} · {runs.at[ra, 'status']}")
+    a.json(runs.at[ra, "params"], expanded=1)
+    b.caption(f"git {runs.at[rb, 'git_rev']} · {runs.at[rb, 'status']}")
+    b.json(runs.at[rb, "params"], expanded=1)
+
+
+def _dataset(snap: data.Snapshot, ids: list[str]) -> str | None:
+    hit = snap.runs.loc[snap.runs["run_id"].isin(ids), "dataset"]
+    return hit.iloc[0] if len(hit) else None

@@ -1,0 +1,169 @@
+"""End to end: `streamlit run` on 127.0.0.1, opened in headless Chromium (Debian's, driven by
+Playwright's Python package; no browser download), against the sample inputs. Checks the
+charts and the comparison table, every tab, that a run written while the page is open shows
+up without a reload, and saves screenshots to artifacts/ (git-ignored).
+
+Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
+missing the test tries that once and skips, saying why, only if there is still none.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dashboard import sample_data
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHART = '[data-testid="stVegaLiteChart"]'
+TABLE = '[data-testid="stDataFrame"]'
+PANEL = '[data-testid="stTabPanel"]'  # only the selected tab's panel is in the DOM
+
+
+def find_chromium() -> str | None:
+    for candidate in (os.environ.get("FEDCACHE_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                      shutil.which("chromium-browser"), shutil.which("google-chrome")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = find_chromium()
+    tried = ""
+    if path is None and shutil.which("make"):
+        run = subprocess.run(["make", "-s", "browser"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+        tried = f"; `make browser` said: {(run.stdout + run.stderr).strip()[-300:] or run.returncode}"
+        path = find_chromium()
+    if path is None:
+        pytest.skip("no Chromium found (FEDCACHE_CHROMIUM, /usr/bin/chromium, chromium, chromium-browser, "
+                    f"google-chrome on PATH){tried}. Install Debian's `chromium` (make browser, as root).")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(env: dict[str, str], port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("streamlit did not start listening within 60 s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    shared = sample_data.build_once(tmp_path_factory.getbasetemp() / "dashboard_sample")
+    sample = replace(shared, results_db=tmp_path_factory.mktemp("dash_browser") / "results.duckdb")
+    shutil.copy(shared.results_db, sample.results_db)  # the test adds a run: to a copy
+    port = free_port()
+    proc = start_app({**sample.env(), "FEDCACHE_DASHBOARD_REFRESH": "1"}, port)
+    yield sample, f"http://127.0.0.1:{port}/"
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# A training stage starting while the page is open: a new run, one round every 0.3 s.
+LIVE_WRITER = """
+import sys, time
+from pipeline.results import ResultsDB
+path, run_id, params_json = sys.argv[1], sys.argv[2], sys.argv[3]
+import json
+db = ResultsDB(path, lock_timeout_s=60)
+db.start_run(run_id, "fedcache", "mnist", "homo", json.loads(params_json), "live123")
+for rnd in range(4):
+    db.write_round(run_id, rnd, 0.2 + 0.1 * rnd, 1000, 800, 0.1, [(0, 0.2 + 0.1 * rnd, 20)],
+                   [(rnd, 0, "up", "logits", 1000, -1), (rnd, 0, "down", "knowledge", 800, -1)])
+    time.sleep(0.3)
+"""
+
+
+def test_dashboard_in_chromium(chromium, server):
+    import json
+
+    from playwright.sync_api import expect, sync_playwright
+
+    sample, url = server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1700})  # tall: the app scrolls inside its own container
+            t0 = time.monotonic()
+            page.goto(url)
+            table = page.locator(TABLE).first
+            expect(table.locator("table td").first).to_be_attached(timeout=30_000)
+            load_s = time.monotonic() - t0
+            overview = page.locator(f"{PANEL}:visible")
+            expect(overview.locator(f"{CHART} svg.marks")).to_have_count(2, timeout=30_000)
+
+            # the table: the runs and the MAUA of the FedCache run (expect() retries: the page refreshes every second)
+            grid = page.locator(f"{TABLE} table").first
+            for text in ("fedcache/homo aaaaaa", "local/homo bbbbbb", "fedcache/hetero cccccc", "MAUA", "speed-up",
+                         f"{max(sample_data.curve(0.8123)):g}"):
+                expect(grid).to_contain_text(text)
+            # the charts: titles, one line per run, a log bytes axis
+            charts_svg = overview.locator(f"{CHART} svg.marks")
+            expect(charts_svg.nth(0)).to_contain_text("Mean user accuracy vs round")
+            expect(charts_svg.nth(1)).to_contain_text("cumulative bytes (log)")
+            expect(charts_svg.nth(0).locator("g.mark-line path")).to_have_count(3)
+            expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+            # every other tab draws its content
+            expected = {"Clients": (CHART, 3), "Communication": (CHART, 2), "Partition": (CHART, 1),
+                        "Neighbours": ('[data-testid="stImage"] img', 4), "Params": ('[data-testid="stJson"]', 2)}
+            for name, (selector, n) in expected.items():
+                page.get_by_role("tab", name=name).click()
+                panel = page.locator(f"{PANEL}:visible")
+                expect(panel.locator(selector)).to_have_count(n, timeout=15_000)
+                if selector == CHART:
+                    expect(panel.locator(f"{CHART} svg.marks")).to_have_count(n, timeout=15_000)
+                if name == "Partition":  # one heatmap cell per (client, class)
+                    expect(panel.locator("g.mark-rect.role-mark path")).to_have_count(sample_data.K * 10)
+                page.screenshot(path=str(ARTIFACTS / f"dashboard_{name.lower()}.png"), full_page=True)
+
+            # a run that starts while the page is open appears, with its rounds, without a reload
+            page.get_by_role("tab", name="Accuracy & bytes").click()
+            run_id = "fedcache-20260102-000000-eeeeee"
+            writer = subprocess.run([sys.executable, "-c", LIVE_WRITER, str(sample.results_db), run_id,
+                                     json.dumps(sample_data.params_for(sample.root))],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert writer.returncode == 0, writer.stderr
+            expect(page.get_by_text("fedcache/homo eeeeee: round 3")).to_be_visible(timeout=20_000)
+            expect(page.locator(f"{PANEL}:visible {TABLE} table")).to_contain_text("fedcache/homo eeeeee")
+            expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+            page.screenshot(path=str(ARTIFACTS / "dashboard_live.png"), full_page=True)
+        finally:
+            browser.close()
+    print(f"page load (navigation -> table visible): {load_s:.2f} s")

@@ -1,0 +1,135 @@
+"""Dashboard data access (pure functions): results DB reads, derived frames, stage inputs, params diff."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import duckdb
+import numpy as np
+import pytest
+
+from dashboard import charts, data, sample_data, stages
+from dashboard.config import load_config
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    return sample_data.build_once(tmp_path_factory.getbasetemp() / "dashboard_sample")  # shared, read-only
+
+
+def test_config_cli_over_env_over_defaults():
+    cfg = load_config([], {})
+    assert str(cfg.results_db) == "results/results.duckdb" and str(cfg.stats_path) == "data/partition/stats.json"
+    assert cfg.cache_db is None and cfg.refresh_s == 5.0
+    env = {"FEDCACHE_RESULTS_DB": "/e/r.duckdb", "FEDCACHE_DASHBOARD_REFRESH": "0", "FEDCACHE_CACHE_DB": "/e/c.db"}
+    cfg = load_config(["-q", "-p", "no:cacheprovider", "--results-db", "/cli/r.duckdb"], env)  # pytest's argv passes
+    assert str(cfg.results_db) == "/cli/r.duckdb" and cfg.refresh_s == 0.0 and str(cfg.cache_db) == "/e/c.db"
+
+
+def test_missing_and_empty_db(tmp_path):
+    with pytest.raises(data.NoResults, match="make run"):
+        data.load_runs(tmp_path / "nope.duckdb")
+    duckdb.connect(str(tmp_path / "empty.duckdb")).close()  # a file with no tables yet
+    assert data.load_runs(tmp_path / "empty.duckdb").empty
+    snap = data.load_snapshot(tmp_path / "empty.duckdb", ["x"])
+    assert snap.rounds.empty and data.series(snap, ["x"]) == []
+
+
+def test_runs_and_default_selection(sample):
+    runs = data.load_runs(sample.results_db)
+    assert len(runs) == 4 and set(runs["setting"]) == {"homo", "hetero"}
+    assert runs.set_index("run_id").at[sample.run_ids["starting"], "n_rounds"] == 0
+    assert isinstance(runs["params"].iloc[0], dict)
+    # latest run with rounds per (algorithm, setting): the just-started run has none yet
+    assert set(data.default_selection(runs)) == {sample.run_ids[k] for k in ("fedcache", "local", "fedcache_hetero")}
+
+
+def test_snapshot_views(sample):
+    ids = [sample.run_ids[k] for k in ("fedcache", "local", "starting")]
+    snap = data.load_snapshot(sample.results_db, ids)
+    assert list(dict.fromkeys(snap.rounds["run_id"])) == ids[:2]  # caller's order, empty run absent
+    table = data.comparison_frame(snap, ids, target=0.6)
+    assert table["algorithm"].tolist() == ["fedcache", "local"]
+    fed = table.iloc[0]
+    assert fed["maua"] == pytest.approx(max(sample_data.curve(0.8123)))  # the sample curve's best
+    assert snap.clients.query("round == 0 and run_id == @ids[0]")["client_id"].tolist() == list(range(sample_data.K))
+    assert fed["bytes_setup"] > 0 and fed["bytes_total"] == fed["bytes_setup"] + fed["bytes_training"]
+    assert table.iloc[1]["bytes_total"] == 0
+    curves = data.accuracy_curves(snap, include_setup=False)
+    fc = curves[curves["run_id"] == ids[0]]
+    assert fc["cum_bytes"].iloc[0] == 0 and fc["cum_bytes"].is_monotonic_increasing
+    best = data.best_round_clients(snap)
+    assert best.groupby("run_id")["client_id"].count().tolist() == [sample_data.K] * 2
+    by_kind = data.bytes_by_kind(snap)
+    assert set(by_kind["traffic"]) == {"up · hashes", "up · logits", "down · knowledge"}
+    assert set(data.bytes_by_kind(snap, include_setup=False)["kind"]) == {"logits", "knowledge"}
+    assert data.client_history(snap, 0)["round"].max() == sample_data.ROUNDS
+    assert not data.client_bytes(snap, 0).empty
+    assert data.default_target(data.series(snap, ids)) == pytest.approx(0.64)
+    for chart in (charts.accuracy_vs_round(curves), charts.client_spread(best), charts.bytes_stacked(by_kind),
+                  charts.accuracy_vs_bytes(curves, table[["run", "maua"]].iloc[1:])):
+        assert chart.to_dict()  # valid Vega-Lite
+
+
+HOLD = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])  # a writer: exclusive lock on the file
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+con.close()
+"""
+
+
+def test_locked_db_retries_then_reports_busy(sample, tmp_path):
+    path = tmp_path / "locked.duckdb"
+    shutil.copy(sample.results_db, path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), "1.0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(data.ResultsBusy, match="locked"):
+            data.load_runs(path, timeout_s=0.2)
+        t0 = time.monotonic()
+        assert len(data.load_runs(path, timeout_s=10)) == 4  # waits for the writer to let go
+        assert time.monotonic() - t0 < 5
+    finally:
+        holder.wait(10)
+
+
+def test_stage_inputs(sample):
+    stats = stages.load_stats(sample.partition_dir / "stats.json")
+    mix = stages.label_mix(stats, "mnist")
+    assert len(mix) == sample_data.K * 10 and mix["count"].sum() == stats["num_train"]
+    assert np.allclose(mix.groupby("client_id")["share"].sum(), 1.0)
+    assert stages.class_names("fashion_mnist", 10)[0] == "T-shirt/top"
+    with pytest.raises(stages.InputMissing, match="dvc repro partition"):
+        stages.load_stats(sample.root / "missing.json")
+
+    params = sample_data.params_for(sample.root)
+    assert stages.cache_db_path(params) == sample.cache_db
+    assert str(stages.cache_db_path({})) == "data/cache/cache.db"
+    ov = stages.cache_overview(sample.cache_db)
+    assert ov["num_samples"] == stats["num_train"] and ov["meta"]["R"] == str(sample_data.R)
+    ids = stages.pick_samples(sample.cache_db, 4, seed=1)
+    assert len(ids) == 4 and ids == stages.pick_samples(sample.cache_db, 4, seed=1)
+    nb = stages.neighbours(sample.cache_db, ids)
+    assert len(nb) == 4 * (1 + sample_data.R)
+    for sid, rows in nb.groupby("sample_id"):
+        assert rows["rank"].tolist() == [-1, *range(sample_data.R)]
+        assert (rows["label"] == rows["label"].iloc[0]).all()  # neighbours share the label
+        assert sid not in rows["member_id"].iloc[1:].tolist()  # never the sample itself
+    strip = stages.montage(np.zeros((6, 28, 28), np.uint8), [(0, 0, 0)] * 6, scale=2)
+    assert strip.dtype == np.uint8 and strip.shape[0] == 60 and strip.shape[2] == 3
+    with pytest.raises(stages.InputMissing, match="dvc repro index"):
+        stages.cache_overview(sample.root / "nope.db")
+
+
+def test_params_diff():
+    a = {"train": {"lr": 0.01, "rounds": 30, "algorithms": ["fedcache"]}, "seed": 0}
+    b = {"train": {"lr": 0.02, "rounds": 30, "algorithms": ["fedcache", "local"]}, "extra": {"x": 1}}
+    diff = stages.params_diff(a, b).set_index("key")
+    assert list(diff.index) == ["extra.x", "seed", "train.algorithms", "train.lr"]
+    assert diff.at["train.lr", "a"] == "0.01" and diff.at["seed", "b"] == stages.MISSING
+    assert stages.params_diff(a, a).empty
