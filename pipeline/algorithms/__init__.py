@@ -1,6 +1,11 @@
 """Registry of methods: adding one is a new module plus a line here."""
 
+from pipeline.algorithms.fd import FD
+from pipeline.algorithms.fedalt import FedAlt
+from pipeline.algorithms.fedavg import FedAvg
 from pipeline.algorithms.fedcache import FedCache
+from pipeline.algorithms.fedproto import FedProto
 from pipeline.algorithms.local import LocalOnly
+from pipeline.algorithms.pdfl import PDFL
 
-REGISTRY = {cls.name: cls for cls in (FedCache, LocalOnly)}
+REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, LocalOnly, FedAlt, FedProto, PDFL)}
