@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS comm (
     run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, kind VARCHAR, bytes BIGINT,
     peer_id INTEGER  -- the other end: -1 = the server; pDFL: the receiving client of a directed edge
 );
+-- results files written before peer_id existed: add it (old rows read as NULL = unknown)
+ALTER TABLE comm ADD COLUMN IF NOT EXISTS peer_id INTEGER;
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
 );

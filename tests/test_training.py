@@ -89,3 +89,19 @@ def test_partial_participation_still_evaluates_everyone(tiny_workspace, mnist):
                             [summary["run_id"]]).fetchall()
     con.close()
     assert all(n == 1 for _, n in trained) and all(n == 3 for _, n in evaluated)
+
+
+def test_results_file_from_before_peer_id_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE comm (run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, "
+                "kind VARCHAR, bytes BIGINT)")
+    con.execute("INSERT INTO comm VALUES ('old', 1, 0, 'up', 'logits', 10)")
+    con.close()
+    db = ResultsDB(path)
+    db.start_run("new", "local", "mnist", "homo", {}, "rev")
+    db.write_round("new", 1, 0.5, 7, 0, 0.1, [(0, 0.5, 2)], [(1, 0, "up", "logits", 7, -1)])
+    con = duckdb.connect(str(path), read_only=True)
+    rows = con.execute("SELECT run_id, bytes, peer_id FROM comm ORDER BY run_id").fetchall()
+    con.close()
+    assert rows == [("new", 7, -1), ("old", 10, None)]  # nothing lost, new rows complete
