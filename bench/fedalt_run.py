@@ -12,34 +12,9 @@ exchange every round (FedAvg-style, same multi-exit model) would have cost for c
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def prepare(args) -> Path:
-    work = ROOT / "bench" / ".work" / "fedalt"
-    work.mkdir(parents=True, exist_ok=True)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["data"]["dataset"] = "fashion_mnist"
-    params["partition"].update(num_clients=args.clients, samples_per_client=args.samples)
-    params["train"].update(rounds=args.rounds, algorithms=["fedalt"], hetero_algorithms=[])
-    params["fedalt"].update(tau=args.tau, **{"lambda": args.lam})
-    if args.tiers:
-        params["fedalt"]["tiers"] = args.tiers
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "flows.partition"], cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                   check=True)
-    print(f"stage partition: {time.perf_counter() - start:.1f} s wall (incl. Prefect start-up)", flush=True)
-    return work
+from workspace import fresh_trainer, load_workspace, prepare_workspace
 
 
 def main() -> None:
@@ -51,25 +26,21 @@ def main() -> None:
     ap.add_argument("--lambda", dest="lam", type=float, default=1.0)
     ap.add_argument("--tiers", type=int, nargs="+", default=None)
     args = ap.parse_args()
-    work = prepare(args)
-    os.chdir(work)
+    overrides = {
+        "data": {"dataset": "fashion_mnist"},
+        "partition": {"num_clients": args.clients, "samples_per_client": args.samples},
+        "train": {"rounds": args.rounds, "algorithms": ["fedalt"], "hetero_algorithms": []},
+        "fedalt": {"tau": args.tau, "lambda": args.lam},
+    }
+    if args.tiers:
+        overrides["fedalt"]["tiers"] = args.tiers
+    work = prepare_workspace("fedalt", overrides)  # FedAlt needs the partition only
+    params, part, ds = load_workspace(work)
 
     from models.multiexit import NUM_BLOCKS, block_state
-    from pipeline import paths
-    from pipeline.algorithms import REGISTRY
     from pipeline.comm import DOWN, UP, nbytes
-    from pipeline.config import load_params
-    from pipeline.data import load_dataset
-    from pipeline.engine import Trainer
-    from pipeline.partition import Partition
-    from pipeline.results import ResultsDB
 
-    params = load_params("params.yaml")
-    part = Partition.load(paths.PARTITION)
-    ds = load_dataset(params.data.dataset, params.data.root)
-    paths.checkpoint_path("fedalt").unlink(missing_ok=True)
-    trainer = Trainer(params, REGISTRY["fedalt"], part, ds, paths.run_dir("fedalt"), paths.checkpoint_path("fedalt"),
-                      ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
+    trainer = fresh_trainer(params, "fedalt", part, ds)
     f = params.fedalt
     print(f"FedAlt on {ds.name}: K={part.num_clients}, {part.num_train} train / {int(part.test_offsets[-1])} test samples, "
           f"{params.train.rounds} rounds, tiers {f.tiers}, tau {f.tau}, lambda {f.lambda_}, T {f.T}, "

@@ -15,16 +15,9 @@ round figure (the local classifier, fedproto.eval: classifier), the nearest-prot
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from workspace import fresh_trainer, load_workspace, prepare_workspace
 
 VARIANTS: dict[str, dict] = {
     "baseline": {},
@@ -38,24 +31,6 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def prepare(args) -> Path:
-    work = ROOT / "bench" / ".work" / "fedproto"
-    work.mkdir(parents=True, exist_ok=True)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["data"].update(dataset="fashion_mnist")
-    if args.seed is not None:
-        params["seed"] = args.seed
-    params["partition"].update(num_clients=args.clients, samples_per_client=args.samples, data_fraction=None)
-    params["train"].update(rounds=args.rounds, algorithms=["fedproto"], hetero_algorithms=[], model="resnet8",
-                           participation=1.0, eval_every=1)
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "flows.partition"], cwd=work, env=env, check=True)
-    print(f"stage partition: {time.perf_counter() - start:.1f} s wall (incl. Prefect start-up)", flush=True)
-    return work
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -64,21 +39,16 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200, help="mean training samples per client")
     ap.add_argument("--seed", type=int, default=None, help="root seed (default: params.yaml's)")
     args = ap.parse_args()
-    work = prepare(args)
-    os.chdir(work)
-
-    from pipeline import paths
-    from pipeline.algorithms import REGISTRY
-    from pipeline.config import load_params
-    from pipeline.data import load_dataset
-    from pipeline.engine import Trainer
-    from pipeline.partition import Partition
-    from pipeline.results import ResultsDB
-
-    base = load_params("params.yaml")
-    part = Partition.load(paths.PARTITION)
-    ds = load_dataset(base.data.dataset, base.data.root)
-    results = ResultsDB(paths.RESULTS_DB)
+    setting = {
+        "data": {"dataset": "fashion_mnist"},
+        "partition": {"num_clients": args.clients, "samples_per_client": args.samples, "data_fraction": None},
+        "train": {"rounds": args.rounds, "algorithms": ["fedproto"], "hetero_algorithms": [], "model": "resnet8",
+                  "participation": 1.0, "eval_every": 1},
+    }
+    if args.seed is not None:
+        setting["seed"] = args.seed
+    work = prepare_workspace("fedproto", setting)  # FedProto needs the partition only
+    base, part, ds = load_workspace(work)
     print(f"FashionMNIST (seed {base.seed}): K={part.num_clients}, {part.num_train} training / {len(part.test_labels)} test samples, "
           f"ResNet-8, {base.train.rounds} rounds, batch {base.train.batch_size}, lr {base.train.lr}, "
           f"torch threads {base.train.threads}", flush=True)
@@ -86,14 +56,11 @@ def main() -> None:
     for name in args.variants:
         overrides = {("lambda_" if k == "lambda" else k): v for k, v in VARIANTS[name].items()}
         params = base.model_copy(update={"fedproto": base.fedproto.model_copy(update=overrides)})
-        ckpt = Path(f"results/checkpoints/fedproto-{name}.pt")
-        ckpt.unlink(missing_ok=True)  # always a fresh run
         start = time.perf_counter()
-        trainer = Trainer(params, REGISTRY["fedproto"], part, ds, paths.RUNS / f"fedproto-{name}", ckpt, results,
-                          [paths.PARTITION])
+        trainer = fresh_trainer(params, "fedproto", part, ds, run_name=f"fedproto-{name}")  # always a fresh run
         summary = trainer.run()
         wall = time.perf_counter() - start
-        with results.connect(read_only=True) as con:
+        with trainer.results.connect(read_only=True) as con:
             proto = [v for (v,) in con.execute("SELECT value FROM round_metrics WHERE run_id = ? AND name = "
                                                "'acc_prototype' ORDER BY round", [summary["run_id"]]).fetchall()]
         table.append((name, summary["maua"], summary["final_acc"], max(proto[1:]), proto[-1], summary["bytes_total"],

@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from workspace import ROOT, fresh_trainer, load_workspace, prepare_workspace
 
 VARIANTS = {
     "full pDFL": {},
@@ -38,45 +33,15 @@ VARIANTS = {
 }
 
 
-def prepare(seed: int, clients: int, samples: int, alpha: float, rounds: int) -> Path:
-    work = ROOT / "bench" / ".work" / "pdfl_ablation" / f"seed{seed}"
-    work.mkdir(parents=True, exist_ok=True)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["seed"] = seed
-    params["device"] = "cpu"
-    params["data"]["dataset"] = "fashion_mnist"
-    params["partition"].update(num_clients=clients, samples_per_client=samples, alpha=alpha)
-    params["train"].update(rounds=rounds, algorithms=["pdfl"], model="resnet8")
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "flows.partition"], cwd=work, env=env, check=True)
-    return work
-
-
 def run_variants(work: Path) -> dict[str, dict]:
-    os.chdir(work)
-    from pipeline import paths
-    from pipeline.algorithms import REGISTRY
-    from pipeline.config import load_params
-    from pipeline.data import load_dataset
-    from pipeline.engine import Trainer
-    from pipeline.partition import Partition
-    from pipeline.results import ResultsDB
-
-    base = load_params("params.yaml")
-    part = Partition.load(paths.PARTITION)
-    ds = load_dataset(base.data.dataset, base.data.root)
+    base, part, ds = load_workspace(work)
     out = {}
     for i, (variant, overrides) in enumerate(VARIANTS.items()):
         algorithm = "local" if overrides is None else "pdfl"
         params = base if overrides is None else base.model_copy(
             update={"pdfl": base.pdfl.model_copy(update=overrides)})
-        name = f"ablation-{i}"
-        ckpt = paths.CHECKPOINTS / f"{name}.pt"
-        ckpt.unlink(missing_ok=True)
         start = time.perf_counter()
-        trainer = Trainer(params, REGISTRY[algorithm], part, ds, paths.RUNS / name, ckpt,
-                          ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
+        trainer = fresh_trainer(params, algorithm, part, ds, run_name=f"ablation-{i}")
         summary = trainer.run()
         summary["wall_s"] = time.perf_counter() - start
         out[variant] = summary
@@ -101,7 +66,13 @@ def main() -> None:
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for seed in args.seeds:
         print(f"seed {seed}:", flush=True)
-        work = prepare(seed, args.clients, args.samples, args.alpha, args.rounds)
+        work = prepare_workspace(f"pdfl_ablation/seed{seed}", {
+            "seed": seed,
+            "device": "cpu",
+            "data": {"dataset": "fashion_mnist"},
+            "partition": {"num_clients": args.clients, "samples_per_client": args.samples, "alpha": args.alpha},
+            "train": {"rounds": args.rounds, "algorithms": ["pdfl"], "model": "resnet8"},
+        }, verbose=False)
         for variant, summary in run_variants(work).items():
             results[variant].append(summary)
         os.chdir(ROOT)

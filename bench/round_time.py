@@ -14,38 +14,15 @@ is the model compute. Prefect's cost per round (one task run) is measured separa
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from workspace import deep_merge, fresh_trainer, load_workspace, prepare_workspace
 
 PRESETS = {
     "default": {},
     "paper": {"partition": {"num_clients": 300, "samples_per_client": None, "alpha": 1.0},
               "train": {"model": "resnet20"}},
 }
-
-
-def prepare(preset: str, rounds: int, algorithm: str) -> Path:
-    work = ROOT / "bench" / ".work" / preset
-    work.mkdir(parents=True, exist_ok=True)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for section, values in PRESETS[preset].items():
-        params[section].update(values)
-    params["train"].update(rounds=rounds, algorithms=[algorithm])
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for stage in ("partition", "encode", "index"):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", f"flows.{stage}"], cwd=work, env=env, check=True)
-        print(f"stage {stage:9s}: {time.perf_counter() - start:6.1f} s wall (incl. Prefect start-up)", flush=True)
-    return work
 
 
 def prefect_task_overhead(n: int = 20) -> float:
@@ -75,27 +52,14 @@ def main() -> None:
     ap.add_argument("--algorithm", default="fedcache")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.preset == "paper" else 2)
-    work = prepare(args.preset, rounds, args.algorithm)
-    os.chdir(work)
-
-    from pipeline import paths
-    from pipeline.algorithms import REGISTRY
-    from pipeline.config import load_params
-    from pipeline.data import load_dataset
-    from pipeline.engine import Trainer
-    from pipeline.partition import Partition
-    from pipeline.results import ResultsDB
-
-    params = load_params("params.yaml")
-    part = Partition.load(paths.PARTITION)
-    ds = load_dataset(params.data.dataset, params.data.root)
-    paths.checkpoint_path(args.algorithm).unlink(missing_ok=True)
+    overrides = deep_merge(PRESETS[args.preset], {"train": {"rounds": rounds, "algorithms": [args.algorithm]}})
+    work = prepare_workspace(args.preset, overrides, ("partition", "encode", "index"))
+    params, part, ds = load_workspace(work)
     start = time.perf_counter()
-    trainer = Trainer(params, REGISTRY[args.algorithm], part, ds, paths.run_dir(args.algorithm),
-                      paths.checkpoint_path(args.algorithm), ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
+    trainer = fresh_trainer(params, args.algorithm, part, ds)
     trainer.start()
     print(f"\n{args.preset}: K={part.num_clients}, {part.num_train} training samples, model {params.train.model}"
-          f"{' (hetero)' if params.train.hetero else ''}, batch {params.train.batch_size}, torch threads "
+          f"{' (hetero)' if trainer.hetero else ''}, batch {params.train.batch_size}, torch threads "
           f"{params.train.threads}; set-up (clients, models, round 0) {time.perf_counter() - start:.1f} s")
     print("| round | wall s | compute s | exchange s | db s | checkpoint s | other % |")
     print("|---|---|---|---|---|---|---|")
