@@ -164,8 +164,16 @@ def series(snap: Snapshot, run_ids: list[str]) -> list[RunSeries]:
     return out
 
 
-def default_target(runs: list[RunSeries]) -> float:
-    """A target every shown run reaches: the lowest MAUA, rounded down to a percent."""
+def default_target(runs: list[RunSeries], snap: Snapshot | None = None) -> float:
+    """The report's target (`report.target_acc` for the dataset, from the first shown run's params),
+    so the table matches results/report/comparison.md; else one every shown run reaches: the
+    lowest MAUA, rounded down to a percent."""
+    if snap is not None and runs:
+        hit = snap.runs.loc[snap.runs["run_id"] == runs[0].run_id, "params"]
+        params = hit.iloc[0] if len(hit) else {}
+        target = params.get("report", {}).get("target_acc", {}).get(params.get("data", {}).get("dataset"))
+        if isinstance(target, (int, float)) and 0 < target <= 1:
+            return float(target)
     mauas = [s.maua for s in runs if s.maua is not None]
     return math.floor(min(mauas) * 100) / 100 if mauas else 0.5
 

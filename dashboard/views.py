@@ -54,7 +54,7 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool) -> N
 
     st.subheader("Comparison")
     if "target" not in st.session_state:
-        st.session_state["target"] = data.default_target(series)
+        st.session_state["target"] = data.default_target(series, snap)
     target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
                              step=0.01, format="%.2f", key="target")
     table = data.comparison_frame(snap, ids, target, include_setup)

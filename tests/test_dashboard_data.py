@@ -69,6 +69,10 @@ def test_snapshot_views(sample):
     assert data.client_history(snap, 0)["round"].max() == sample_data.ROUNDS
     assert not data.client_bytes(snap, 0).empty
     assert data.default_target(data.series(snap, ids)) == pytest.approx(0.64)
+    assert data.default_target(data.series(snap, ids), snap) == pytest.approx(0.64)  # no report section
+    first = snap.runs.index[snap.runs["run_id"] == ids[0]][0]
+    snap.runs.at[first, "params"] = {**snap.runs.at[first, "params"], "report": {"target_acc": {"mnist": 0.7}}}
+    assert data.default_target(data.series(snap, ids), snap) == pytest.approx(0.7)  # the report's target
     for chart in (charts.accuracy_vs_round(curves), charts.client_spread(best), charts.bytes_stacked(by_kind),
                   charts.accuracy_vs_bytes(curves, table[["run", "maua"]].iloc[1:])):
         assert chart.to_dict()  # valid Vega-Lite
