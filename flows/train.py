@@ -55,8 +55,6 @@ def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
     params = load_params(params_file)
     if algorithm not in REGISTRY:
         raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
-    if hetero and algorithm == "fedavg":
-        raise ConfigError("fedavg needs the same model on every client: it cannot run with heterogeneous models")
     trainer = prepare(params, algorithm, hetero)
     first = start(trainer)
     if first > 1:

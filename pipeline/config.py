@@ -89,6 +89,8 @@ class IndexParams(_Section):
 ALGORITHMS = ("fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt")
 AlgorithmName = Literal["fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt"]
 MODELS = ("resnet8", "resnet16", "resnet20")
+# methods that average model parameters (their classes say homogeneous_only = True)
+HOMOGENEOUS_ONLY = ("fedavg", "pdfl", "fedalt")
 
 
 class TrainParams(_Section):
@@ -119,7 +121,7 @@ class TrainParams(_Section):
     def _hetero(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError("must not repeat an algorithm")
-        for name in ("fedavg", "pdfl", "fedalt"):
+        for name in HOMOGENEOUS_ONLY:
             if name in v:
                 raise ValueError(f"{name} averages model parameters, so it needs the same model on every client; "
                                  "remove it from the heterogeneous runs")

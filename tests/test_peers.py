@@ -103,3 +103,9 @@ def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
     blocks = [len(c.model.stages[0]) for c in trainer.ctx.clients]
     assert blocks == [1, 2, 3] and summary["setting"] == "hetero"
     assert 0 <= summary["maua"] <= 1
+
+
+def test_homogeneous_only_methods_agree_with_the_config():
+    from pipeline.config import HOMOGENEOUS_ONLY
+
+    assert {name for name, cls in REGISTRY.items() if cls.homogeneous_only} == set(HOMOGENEOUS_ONLY)

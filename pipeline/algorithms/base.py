@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pipeline.config import ConfigError
 from pipeline.engine import Context, evaluate
 
 
 class Algorithm:
     name = "base"
+    # True for methods that average model parameters: they need one architecture on every client
+    homogeneous_only = False
 
     def __init__(self, ctx: Context):
+        if self.homogeneous_only and ctx.hetero:
+            raise ConfigError(f"{self.name} averages model parameters, so it needs the same model on every client: "
+                              "remove it from train.hetero_algorithms")
         self.ctx = ctx
 
     def setup(self) -> None:

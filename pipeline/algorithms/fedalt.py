@@ -37,7 +37,7 @@ from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
 from pipeline.algorithms.base import Algorithm
 from pipeline.algorithms.fedavg import weighted_average
 from pipeline.comm import DOWN, UP, Payload
-from pipeline.config import ConfigError, FedAltParams
+from pipeline.config import FedAltParams
 from pipeline.engine import Context
 from pipeline.seeds import rng, torch_generator
 
@@ -94,12 +94,10 @@ def fedalt_loss(outputs: list[torch.Tensor], y: torch.Tensor, lam: float, T: flo
 
 class FedAlt(Algorithm):
     name = "fedalt"
+    homogeneous_only = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        if ctx.hetero:
-            raise ConfigError("fedalt averages model blocks and needs the same model on every client: "
-                              "remove it from train.hetero_algorithms")
         p = ctx.params
         self.cfg = p.fedalt
         in_channels = ctx.clients[0].x_train.shape[1]

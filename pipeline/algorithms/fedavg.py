@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.comm import DOWN, UP, Payload
-from pipeline.config import ConfigError
 from pipeline.engine import Context, evaluate_model
 
 
@@ -36,12 +35,10 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    homogeneous_only = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        if ctx.hetero:
-            raise ConfigError("fedavg averages parameters and needs the same model on every client: "
-                              "remove it from train.hetero_algorithms")
         self.eval_model = ctx.params.fedavg.eval_model
         # the global model starts as client 0's initial weights
         self.global_state = {n: t.detach().cpu().clone() for n, t in ctx.clients[0].model.state_dict().items()}

@@ -54,7 +54,6 @@ import torch.nn.functional as F
 
 from pipeline.algorithms.base import Algorithm
 from pipeline.comm import UP, Payload
-from pipeline.config import ConfigError
 from pipeline.engine import Client, Context
 from pipeline.seeds import torch_generator
 from pipeline.topology import Topology
@@ -155,12 +154,10 @@ def class_knowledge(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, nu
 
 class PDFL(Algorithm):
     name = "pdfl"
+    homogeneous_only = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        if ctx.hetero:
-            raise ConfigError("pdfl averages body parameters between peers and needs the same model on every client: "
-                              "remove it from train.hetero_algorithms")
         self.p = ctx.params.pdfl
         K, C = len(ctx.clients), ctx.num_classes
         self.topology = Topology(K, self.p, ctx.params.seed)  # a ConfigError here, before any training
