@@ -27,8 +27,11 @@ def pipeline_flow(params_file: str = "params.yaml") -> dict:
         "encode": encode_flow(params_file),
         "index": index_flow(params_file),
     }
-    for algorithm in load_params(params_file).train.algorithms:
+    train = load_params(params_file).train
+    for algorithm in train.algorithms:
         out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
+    for algorithm in train.hetero_algorithms:
+        out[f"train-hetero@{algorithm}"] = train_flow(algorithm, params_file, hetero=True)
     out["report"] = report_flow(params_file)
     return out
 
