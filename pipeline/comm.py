@@ -45,27 +45,34 @@ class Payload:
 
 @dataclass
 class Ledger:
-    # (round, client, direction, kind, peer) -> bytes
-    counts: dict[tuple[int, int, str, str, int], int] = field(default_factory=lambda: defaultdict(int))
+    # round -> (client, direction, kind, peer) -> bytes. Indexed by round so that a round's rows and
+    # totals cost the size of that round, not of the whole run (1,000 rounds at K=300 add up).
+    counts: dict[int, dict[tuple[int, str, str, int], int]] = field(default_factory=dict)
+    # running totals over the run: (direction, is_setup_kind) -> bytes
+    grand: dict[tuple[str, bool], int] = field(default_factory=lambda: defaultdict(int))
 
     def record(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER) -> Payload:
         """Count a payload as sent; returns it so a send reads as one expression."""
-        self.counts[(round_, client, direction, payload.kind, peer)] += payload.nbytes
+        n = payload.nbytes
+        in_round = self.counts.setdefault(round_, defaultdict(int))
+        in_round[(client, direction, payload.kind, peer)] += n
+        self.grand[(direction, payload.kind in SETUP_KINDS)] += n
         return payload
 
     def rows(self, round_: int) -> list[tuple[int, int, str, str, int, int]]:
         """(round, client, direction, kind, bytes, peer) rows of one round, sorted."""
-        return sorted((r, c, d, k, b, p) for (r, c, d, k, p), b in self.counts.items() if r == round_)
+        return sorted((round_, c, d, k, b, p) for (c, d, k, p), b in self.counts.get(round_, {}).items())
 
     def total(self, round_: int | None = None, direction: str | None = None, setup: bool = True) -> int:
-        return sum(
-            b for (r, _, d, k, _), b in self.counts.items()
-            if (round_ is None or r == round_) and (direction is None or d == direction)
-            and (setup or k not in SETUP_KINDS)
-        )
+        if round_ is None:
+            return sum(b for (d, is_setup), b in self.grand.items()
+                       if (direction is None or d == direction) and (setup or not is_setup))
+        return sum(b for (_, d, k, _), b in self.counts.get(round_, {}).items()
+                   if (direction is None or d == direction) and (setup or k not in SETUP_KINDS))
 
     def state_dict(self) -> dict:
-        return {"counts": dict(self.counts)}
+        return {"counts": {r: dict(c) for r, c in self.counts.items()}, "grand": dict(self.grand)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.counts = defaultdict(int, state["counts"])
+        self.counts = {r: defaultdict(int, c) for r, c in state["counts"].items()}
+        self.grand = defaultdict(int, state["grand"])

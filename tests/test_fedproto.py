@@ -269,7 +269,7 @@ def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist,
     w = algo.counts[:, shared].float() / algo.counts[:, shared].sum(0)
     torch.testing.assert_close(algo.global_protos[shared], (w.unsqueeze(-1) * algo.protos[:, shared]).sum(0))
     algo.train_round(2, [0, 1])
-    downs = {k: b for (r, k, d, kind, _), b in ctx.ledger.counts.items() if r == 2 and d == DOWN}
+    downs = {k: b for _, k, d, _, b, _ in ctx.ledger.rows(2) if d == DOWN}
     assert downs == {0: int(algo.global_has.sum()) * (8 + 4 * 16), 1: int(algo.global_has.sum()) * (8 + 4 * 16)}
     # the adapters were trained (the MSE term reaches them from round 2 on)
     assert not torch.equal(before[0]["0.weight"], algo.adapters[0][0].weight)

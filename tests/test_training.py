@@ -105,3 +105,18 @@ def test_results_file_from_before_peer_id_is_upgraded_in_place(tmp_path):
     rows = con.execute("SELECT run_id, bytes, peer_id FROM comm ORDER BY run_id").fetchall()
     con.close()
     assert rows == [("new", 7, -1), ("old", 10, None)]  # nothing lost, new rows complete
+
+
+def test_ledger_totals_by_round_direction_and_setup():
+    from pipeline.comm import Ledger, Payload
+
+    ledger = Ledger()
+    ledger.record(0, 1, "up", Payload("hashes", {"codes": np.zeros(10, np.float16)}))  # 20 B set-up
+    ledger.record(1, 1, "up", Payload("logits", {"l": np.zeros(3, np.float32)}))  # 12 B
+    ledger.record(1, 2, "down", Payload("knowledge", {"t": np.zeros(2, np.float32)}))  # 8 B
+    ledger.record(1, 1, "up", Payload("logits", {"l": np.zeros(1, np.float32)}))  # +4 B, same row
+    assert ledger.rows(1) == [(1, 1, "up", "logits", 16, -1), (1, 2, "down", "knowledge", 8, -1)]
+    assert (ledger.total(), ledger.total(setup=False), ledger.total(1, "up"), ledger.total(direction="up")) == (44, 24, 16, 36)
+    again = Ledger()
+    again.load_state_dict(ledger.state_dict())
+    assert again.rows(1) == ledger.rows(1) and again.total(setup=False) == 24
