@@ -35,10 +35,11 @@ def report_flow(params_file: str = "params.yaml") -> list[dict]:
     summaries = gather(params)
     db = ResultsDB(paths.RESULTS_DB)
     target = params.report.target_acc.get(params.data.dataset)
-    rows = comparison(db.series([s["run_id"] for s in summaries]), target)
+    runs = db.series([s["run_id"] for s in summaries])  # read once, used by the table and the plot
+    rows = comparison(runs, target)
     db.write_comparison(",".join(s["run_id"] for s in summaries), rows)
     write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
-    plot_accuracy_vs_bytes(db, summaries, paths.REPORT_DIR / "accuracy_vs_bytes.png")
+    plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     print(format_table(rows))
     return rows
 

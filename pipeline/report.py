@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline.results import ResultsDB  # noqa: E402
+from pipeline.compare import RunSeries  # noqa: E402
 
 COLUMNS = ("algorithm", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup", "bytes_training",
            "target_acc", "bytes_to_target", "speedup", "run_id")
@@ -52,11 +52,11 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path) -> Non
         writer.writerows(rows)
 
 
-def plot_accuracy_vs_bytes(db: ResultsDB, summaries: list[dict], path: Path) -> None:
+def plot_accuracy_vs_bytes(runs: list[RunSeries], path: Path) -> None:
     """Mean user accuracy vs cumulative bytes (log x, set-up included), one line per run. Runs that
     send nothing are drawn as horizontal dashed lines at their MAUA."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for series in db.series([s["run_id"] for s in summaries]):
+    for series in runs:
         label = series.algorithm if series.setting == "homo" else f"{series.algorithm} ({series.setting})"
         total, xs, ys = 0, [], []
         for _, acc, up, down in series.rounds:
