@@ -226,6 +226,18 @@ def _dpkg_fashion_mnist_dir() -> Path | None:
     return None
 
 
+def _not_found(name: str, searched: list[Path], download_error: Exception | None,
+               fixes: list[str]) -> DatasetNotFoundError:
+    """The missing-dataset error: where we looked, why a download failed, and numbered fixes."""
+    return DatasetNotFoundError(
+        f"{name} not found. Searched:\n"
+        + "".join(f"  - {d}\n" for d in searched)
+        + ("" if download_error is None else f"Download via torchvision failed: {download_error!r}\n")
+        + "To fix, do one of:\n"
+        + "\n".join(f"  {i}. {fix}" for i, fix in enumerate(fixes, 1))
+    )
+
+
 def _load_fashion_mnist(root: Path, download: bool) -> ImageDataset:
     searched = [root, root / "FashionMNIST" / "raw", DEBIAN_FASHION_MNIST_DIR]
     for directory in searched:
@@ -255,17 +267,11 @@ def _load_fashion_mnist(root: Path, download: bool) -> ImageDataset:
             download_error = RuntimeError(f"torchvision reported success but {raw} is incomplete")
 
     files = ", ".join(f"{stem}.gz" for stem in IDX_FILES)
-    msg = (
-        "Fashion-MNIST not found. Searched:\n"
-        + "".join(f"  - {d}\n" for d in searched)
-        + ("" if download_error is None else f"Download via torchvision failed: {download_error!r}\n")
-        + "To fix, do one of:\n"
-        f"  1. Debian/Ubuntu: sudo apt-get install {DEBIAN_FASHION_MNIST_PACKAGE} "
-        f"(installs to {DEBIAN_FASHION_MNIST_DIR})\n"
-        f"  2. copy the four .gz files ({files}) into {root}\n"
-        "  3. when online, set `data.download: true` in params.yaml"
-    )
-    raise DatasetNotFoundError(msg) from download_error
+    raise _not_found("Fashion-MNIST", searched, download_error, [
+        f"Debian/Ubuntu: sudo apt-get install {DEBIAN_FASHION_MNIST_PACKAGE} (installs to {DEBIAN_FASHION_MNIST_DIR})",
+        f"copy the four .gz files ({files}) into {root}",
+        "when online, set `data.download: true` in params.yaml",
+    ]) from download_error
 
 
 # ------------------------------------------------------------------------ MNIST
@@ -402,16 +408,11 @@ def _load_cifar10(root: Path, download: bool) -> ImageDataset:
             download_error = RuntimeError(f"torchvision reported success but {searched[0]} is incomplete")
 
     files = ", ".join((*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH, CIFAR10_META))
-    msg = (
-        "CIFAR-10 not found. Searched:\n"
-        + "".join(f"  - {d}\n" for d in searched)
-        + ("" if download_error is None else f"Download via torchvision failed: {download_error!r}\n")
-        + "To fix, do one of:\n"
-        f"  1. download the CIFAR-10 python version ({CIFAR10_URL}) and extract it into {root} "
-        f"(tar -xzf cifar-10-python.tar.gz -C {root}), giving {root / CIFAR10_DIRNAME}/ with {files}\n"
-        "  2. when online, set `data.download: true` in params.yaml"
-    )
-    raise DatasetNotFoundError(msg) from download_error
+    raise _not_found("CIFAR-10", searched, download_error, [
+        f"download the CIFAR-10 python version ({CIFAR10_URL}) and extract it into {root} "
+        f"(tar -xzf cifar-10-python.tar.gz -C {root}), giving {root / CIFAR10_DIRNAME}/ with {files}",
+        "when online, set `data.download: true` in params.yaml",
+    ]) from download_error
 
 
 # ------------------------------------------------------------------------ entry
