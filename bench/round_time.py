@@ -67,7 +67,7 @@ def main() -> None:
         t0 = time.perf_counter()
         trainer.run_round(rnd)
         wall = time.perf_counter() - t0
-        sec = dict(trainer.ctx.timer.seconds)
+        sec = dict(trainer.timer.seconds)
         other = sum(sec.get(k, 0.0) for k in ("exchange", "db", "checkpoint", "select"))
         print(f"| {rnd} | {wall:.2f} | {wall - other:.2f} | {sec.get('exchange', 0):.3f} | {sec.get('db', 0):.3f} | "
               f"{sec.get('checkpoint', 0):.3f} | {100 * other / wall:.1f} |", flush=True)

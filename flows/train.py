@@ -27,9 +27,8 @@ from pipeline.results import ResultsDB
 def prepare(params: Params, algorithm: str, hetero: bool) -> Trainer:
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
-    inputs = [paths.PARTITION, paths.RELATIONS] if algorithm == "fedcache" else [paths.PARTITION]
     return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm, hetero),
-                   paths.checkpoint_path(algorithm, hetero), ResultsDB(paths.RESULTS_DB), inputs, hetero)
+                   paths.checkpoint_path(algorithm, hetero), ResultsDB(paths.RESULTS_DB), hetero=hetero)
 
 
 @task(cache_policy=NO_CACHE)

@@ -3,8 +3,9 @@
 A payload is a small named message (like Flower's typed messages): a kind plus the arrays
 that actually travel. Its size is the sum of those arrays' nbytes, ids included, so the
 ledger measures what is sent rather than estimating it. Counts are kept per
-(round, client, direction, kind, peer); round 0 holds one-time setup traffic (FedCache's hash
-upload, kind "hashes"), so totals can be shown with and without it.
+(round, client, direction, kind, peer). Round 0 is set-up: everything sent then is one-time
+traffic (FedCache's hash upload), so totals can be shown with and without it; this is the one
+definition of set-up bytes that summaries, the report and the dashboard share.
 
 `client` is the client whose traffic it is: "up" = sent by it, "down" = received by it.
 `peer` is the other end: -1 for the server; in decentralized methods (pDFL) the receiving
@@ -22,7 +23,6 @@ import torch
 UP, DOWN = "up", "down"
 SERVER = -1
 SETUP_ROUND = 0
-SETUP_KINDS = frozenset({"hashes"})
 
 
 def nbytes(array: torch.Tensor | np.ndarray) -> int:
@@ -33,10 +33,12 @@ def nbytes(array: torch.Tensor | np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class Payload:
-    """What one message carries: a kind and named arrays."""
+    """What one message carries: a kind and named arrays. `sender` is set on what a client
+    receives from another client (decentralized methods) rather than from the server."""
 
     kind: str
     arrays: dict[str, torch.Tensor | np.ndarray]
+    sender: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -48,7 +50,7 @@ class Ledger:
     # round -> (client, direction, kind, peer) -> bytes. Indexed by round so that a round's rows and
     # totals cost the size of that round, not of the whole run (1,000 rounds at K=300 add up).
     counts: dict[int, dict[tuple[int, str, str, int], int]] = field(default_factory=dict)
-    # running totals over the run: (direction, is_setup_kind) -> bytes
+    # running totals over the run: (direction, is_setup_round) -> bytes
     grand: dict[tuple[str, bool], int] = field(default_factory=lambda: defaultdict(int))
 
     def record(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER) -> Payload:
@@ -56,7 +58,7 @@ class Ledger:
         n = payload.nbytes
         in_round = self.counts.setdefault(round_, defaultdict(int))
         in_round[(client, direction, payload.kind, peer)] += n
-        self.grand[(direction, payload.kind in SETUP_KINDS)] += n
+        self.grand[(direction, round_ == SETUP_ROUND)] += n
         return payload
 
     def rows(self, round_: int) -> list[tuple[int, int, str, str, int, int]]:
@@ -67,8 +69,9 @@ class Ledger:
         if round_ is None:
             return sum(b for (d, is_setup), b in self.grand.items()
                        if (direction is None or d == direction) and (setup or not is_setup))
-        return sum(b for (_, d, k, _), b in self.counts.get(round_, {}).items()
-                   if (direction is None or d == direction) and (setup or k not in SETUP_KINDS))
+        if round_ == SETUP_ROUND and not setup:
+            return 0
+        return sum(b for (_, d, _, _), b in self.counts.get(round_, {}).items() if direction is None or d == direction)
 
     def state_dict(self) -> dict:
         return {"counts": {r: dict(c) for r, c in self.counts.items()}, "grand": dict(self.grand)}

@@ -108,6 +108,8 @@ class TrainParams(_Section):
     eval_batch_size: int = Field(512, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     threads: int = Field(1, ge=1)
+    executor: Literal["sequential", "vectorized"] = "vectorized"
+    group_size: int = Field(32, ge=1)
 
     @field_validator("algorithms")
     @classmethod
@@ -131,7 +133,7 @@ class TrainParams(_Section):
 class FedCacheParams(_Section):
     beta: float = Field(1.5, ge=0, allow_inf_nan=False)
     T: float = Field(3.0, gt=0, allow_inf_nan=False)
-    consistency: Literal["live", "round"] = "live"
+    consistency: Literal["live", "round", "step"] = "live"
     cold_start: Literal["skip", "zeros"] = "skip"
 
 
@@ -219,6 +221,14 @@ class Params(_Section):
     fedalt: FedAltParams = FedAltParams()
     local: LocalParams = LocalParams()
     report: ReportParams = ReportParams()
+
+    @model_validator(mode="after")
+    def _step_needs_lockstep(self) -> "Params":
+        if self.fedcache.consistency == "step" and self.train.executor != "vectorized":
+            raise ValueError("fedcache.consistency = 'step' makes all clients take each local step together, which "
+                             f"only the vectorized executor does; train.executor is {self.train.executor!r}: set "
+                             "train.executor: vectorized, or choose fedcache.consistency live or round")
+        return self
 
     @property
     def cache_db_path(self) -> Path:

@@ -2,14 +2,18 @@
 
 One round, top to bottom (Trainer.run_round):
   1. pick the participating clients (seeded, `train.participation`);
-  2. the algorithm trains them locally and does its exchange (algorithms/<name>.py);
-  3. every `eval_every` rounds, evaluate *all* clients on their own test split;
-  4. write the round to DuckDB (one transaction) and checkpoint it atomically.
+  2. the method's server half makes each selected client's download (`configure`);
+  3. the executor runs the client halves (local training) and collects their uploads;
+  4. the server half folds the uploads into its state (`aggregate`);
+  5. every `eval_every` rounds, evaluate *all* clients on their own test split;
+  6. write the round to DuckDB (one transaction) and checkpoint it atomically.
+The engine records every payload that crosses steps 2-4 (and the per-step exchange hook) in the
+byte ledger, so no method counts its own bytes.
 
 Round 0 is set-up: one-time traffic (FedCache's hash upload) and an evaluation of the
 initial models. Client state (model, optimizer) persists across rounds. Randomness comes
 from named seed streams keyed by (round, client), so a resumed run draws exactly what an
-uninterrupted one would.
+uninterrupted one would, whichever executor runs it.
 """
 
 from __future__ import annotations
@@ -21,115 +25,21 @@ import time
 import uuid
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from models.resnet import HETERO_CYCLE, build_model
 from pipeline import checkpoint
-from pipeline.comm import DOWN, SETUP_ROUND, UP, Ledger
+from pipeline.clients import Context, build_clients
+from pipeline.comm import DOWN, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.config import Params
 from pipeline.data import ImageDataset
 from pipeline.devices import resolve_device
+from pipeline.executors import SequentialExecutor, VectorizedExecutor
 from pipeline.partition import Partition
 from pipeline.results import ResultsDB
-from pipeline.seeds import rng, torch_generator
-
-
-def to_tensor(images: np.ndarray) -> torch.Tensor:
-    """uint8 [n,H,W] / [n,H,W,3] -> float [n,C,H,W] scaled to [-1, 1]."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(127.5).sub_(1.0)
-    return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
-
-
-@dataclass
-class Client:
-    id: int
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    ids: torch.Tensor  # global sample ids of the training samples (CPU), travel with each batch
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    @property
-    def num_train(self) -> int:
-        return len(self.y_train)
-
-    def step(self, loss: torch.Tensor) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-
-
-def model_name(params: Params, client_id: int, hetero: bool) -> str:
-    return HETERO_CYCLE[client_id % len(HETERO_CYCLE)] if hetero else params.train.model
-
-
-def build_clients(params: Params, part: Partition, ds: ImageDataset, device: torch.device,
-                  hetero: bool = False) -> list[Client]:
-    clients = []
-    t = params.train
-    for k in range(part.num_clients):
-        with torch.random.fork_rng(devices=[]):
-            # the same client gets the same initial weights in every algorithm
-            torch.manual_seed(int(torch_generator(params.seed, "init", k).initial_seed()))
-            model = build_model(model_name(params, k, hetero), ds.channels, ds.num_classes).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-        lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
-        clients.append(Client(
-            id=k, model=model, optimizer=opt,
-            x_train=to_tensor(ds.train_x[part.client_train(k)]).to(device),
-            y_train=torch.from_numpy(part.train_labels[lo:hi]).to(device),
-            ids=torch.arange(lo, hi),
-            x_test=to_tensor(ds.test_x[part.client_test(k)]).to(device),
-            y_test=torch.from_numpy(part.test_labels[part.test_offsets[k]:part.test_offsets[k + 1]]).to(device),
-        ))
-    return clients
-
-
-def batches(client: Client, round_: int, params: Params) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Seeded shuffled batches (x, y, global ids) for one client's local epoch(s); the last partial batch is kept."""
-    for epoch in range(params.train.local_epochs):
-        order = torch.randperm(client.num_train, generator=torch_generator(params.seed, "batches", round_, client.id, epoch))
-        for start in range(0, client.num_train, params.train.batch_size):
-            idx = order[start : start + params.train.batch_size]
-            dev_idx = idx.to(client.x_train.device)
-            yield client.x_train[dev_idx], client.y_train[dev_idx], client.ids[idx]
-
-
-@torch.inference_mode()
-def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
-    """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
-    model.eval()
-    correct = 0
-    for start in range(0, len(y), batch_size):
-        pred = model(x[start : start + batch_size]).argmax(dim=1)
-        correct += int((pred == y[start : start + batch_size]).sum())
-    return (correct / len(y) if len(y) else float("nan")), len(y)
-
-
-def evaluate(clients: list[Client], batch_size: int) -> list[tuple[int, float, int]]:
-    """(client, accuracy of its own model on its own test split, n_test) for every client."""
-    return [(c.id, *evaluate_model(c.model, c.x_test, c.y_test, batch_size)) for c in clients]
-
-
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, T: float) -> torch.Tensor:
-    """T^2 * KL(softmax(teacher/T) || softmax(student/T)), summed over samples that have a
-    teacher (rows without one are NaN) and divided by the batch size."""
-    has = ~torch.isnan(teacher[:, 0])
-    if not bool(has.any()):
-        return student.new_zeros(())
-    log_p_student = F.log_softmax(student[has] / T, dim=1)
-    log_p_teacher = F.log_softmax(teacher[has] / T, dim=1)
-    kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum()
-    return kl * (T * T) / len(student)
+from pipeline.seeds import rng
 
 
 class Timer:
@@ -150,24 +60,6 @@ class Timer:
         self.seconds.clear()
 
 
-@dataclass
-class Context:
-    """What an algorithm may use: clients, the ledger, params, data layout and where to put files."""
-
-    params: Params
-    clients: list[Client]
-    ledger: Ledger
-    partition: Partition
-    device: torch.device
-    timer: Timer
-    run_dir: Path
-    num_classes: int
-    hetero: bool = False
-
-    def batches(self, client: Client, round_: int):
-        return batches(client, round_, self.params)
-
-
 def git_revision() -> str:
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
@@ -185,9 +77,55 @@ def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
     return h.hexdigest()
 
 
+def run_round(method, executor, round_: int, selected: list[int], timer: Timer | None = None) -> None:
+    """One round of training, top to bottom: downloads, local updates, uploads, aggregation.
+    Every payload that crosses the client/server boundary is counted here, and only here."""
+    timer = timer or Timer()
+    ledger = method.ctx.ledger
+
+    def record_download(client: int, payload: Payload) -> None:
+        if payload.sender is None:
+            ledger.record(round_, client, DOWN, payload)
+        else:  # from another client over a directed edge: counted once, on the sender's side
+            ledger.record(round_, payload.sender, UP, payload, peer=client)
+
+    def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
+        """The per-step hook: count the step's uploads, ask the server half, count its answers."""
+        with timer("exchange"):
+            for k, p in uploads.items():
+                ledger.record(round_, k, UP, p)
+            downloads = method.exchange(round_, uploads)
+            for k, p in downloads.items():
+                record_download(k, p)
+            return downloads
+
+    with timer("exchange"):
+        downloads = method.configure(round_, selected)
+        for k in selected:
+            for p in downloads[k]:
+                record_download(k, p)
+    uploads = executor.run(method, round_, selected, downloads, exchange)
+    with timer("exchange"):
+        for k in selected:
+            for p in uploads[k].payloads:
+                ledger.record(round_, k, UP, p)
+        method.aggregate(round_, uploads)
+
+
+def make_executor(params: Params, method_cls) -> SequentialExecutor | VectorizedExecutor:
+    """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be vectorized."""
+    if params.train.executor == "sequential":
+        return SequentialExecutor()
+    why = method_cls.vectorized_unsupported(params)
+    if why:
+        print(f"{method_cls.name}: runs on the sequential executor ({why})", flush=True)
+        return SequentialExecutor()
+    return VectorizedExecutor(params.train.group_size)
+
+
 class Trainer:
     def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
-                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path], hetero: bool = False):
+                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False):
         torch.set_num_threads(params.train.threads)
         self.params = params
         self.device = resolve_device(params.device)
@@ -198,9 +136,12 @@ class Trainer:
         self.hetero = hetero
         self.setting = "hetero" if hetero else "homo"
         self.ctx = Context(params, build_clients(params, part, ds, self.device, hetero), Ledger(), part, self.device,
-                           Timer(), run_dir, ds.num_classes, hetero)
+                           run_dir, ds.num_classes, hetero)
+        self.timer = Timer()
         self.algorithm = algorithm_cls(self.ctx)
-        self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", input_files)
+        self.executor = make_executor(params, algorithm_cls)
+        inputs = algorithm_cls.inputs() if input_files is None else input_files
+        self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
 
@@ -217,17 +158,20 @@ class Trainer:
         self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
                                self.params.model_dump(mode="json", by_alias=True), git_revision())
         start = time.perf_counter()
-        self.ctx.timer.reset()
-        self.algorithm.setup()  # one-time traffic, recorded at round 0
+        self.timer.reset()
+        with self.timer("exchange"):
+            for k, payloads in self.algorithm.setup().items():  # one-time traffic, counted as round 0
+                for p in payloads:
+                    self.ctx.ledger.record(SETUP_ROUND, k, UP, p)
         self._finish_round(SETUP_ROUND, start)
         return 1
 
     def run_round(self, round_: int) -> None:
         start = time.perf_counter()
-        self.ctx.timer.reset()
-        with self.ctx.timer("select"):
+        self.timer.reset()
+        with self.timer("select"):
             selected = self.select_clients(round_)
-        self.algorithm.train_round(round_, selected)
+        run_round(self.algorithm, self.executor, round_, selected, self.timer)
         self._finish_round(round_, start)
 
     def finish(self) -> dict:
@@ -252,7 +196,7 @@ class Trainer:
 
     def _finish_round(self, round_: int, start: float) -> None:
         t = self.params.train
-        timer = self.ctx.timer
+        timer = self.timer
         rows: list[tuple[int, float, int]] = []
         extras: dict[str, float] = {}
         if round_ % t.eval_every == 0 or round_ == t.rounds:
@@ -274,7 +218,8 @@ class Trainer:
             "fingerprint": self.fingerprint,
             "run_id": self.run_id,
             "round": round_,
-            "clients": [{"model": c.model.state_dict(), "optimizer": c.optimizer.state_dict()} for c in self.ctx.clients],
+            "clients": [{"model": c.model.state_dict(), "optimizer": c.optimizer.state_dict(), "state": dict(c.state)}
+                        for c in self.ctx.clients],
             "algorithm": self.algorithm.state_dict(),
             "ledger": self.ctx.ledger.state_dict(),
             "history": list(self.history),
@@ -286,6 +231,7 @@ class Trainer:
         for c, s in zip(self.ctx.clients, state["clients"]):
             c.model.load_state_dict(s["model"])
             c.optimizer.load_state_dict(s["optimizer"])
+            c.state = dict(s["state"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.ctx.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])

@@ -16,10 +16,12 @@ from models.resnet import build_model
 from pipeline import paths
 from pipeline.algorithms import REGISTRY
 from pipeline.algorithms.fedproto import (FedProto, aggregate, aggregation_weights, class_prototypes, compress,
-                                          decompress, prototype_mse, topk_count)
+                                          decompress, prototype_mse_rows, topk_count)
 from pipeline.comm import DOWN, Ledger
 from pipeline.config import ConfigError, parse_params
-from pipeline.engine import Client, Context, Timer, Trainer, to_tensor
+from pipeline.clients import Client, Context, to_tensor
+from pipeline.engine import Trainer, run_round
+from pipeline.executors import SequentialExecutor
 from pipeline.results import ResultsDB
 
 # -- aggregation and prototypes -------------------------------------------------------------
@@ -94,8 +96,9 @@ def test_prototype_mse_skips_labels_without_a_global_prototype():
     table = torch.tensor([[0.0, 0.0], [1.0, 1.0], [9.0, 9.0]])
     has = torch.tensor([True, True, False])
     # (1 + 4) + (4 + 4) over B*D = 6 entries; sample 2 has no prototype and adds nothing
-    torch.testing.assert_close(prototype_mse(z, y, table, has), torch.tensor(13 / 6))
-    assert prototype_mse(z, y, table, torch.zeros(3, dtype=torch.bool)) == 0
+    rows = prototype_mse_rows(z, table[y], has[y].float())
+    torch.testing.assert_close(rows.sum() / len(y), torch.tensor(13 / 6))
+    assert prototype_mse_rows(z, table[y], torch.zeros(3)).sum() == 0
 
 
 # -- compression ---------------------------------------------------------------------------
@@ -206,7 +209,8 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
         accs.append(float((d.argmin(1) == c.y_test).float().mean()))
     assert readings[(2, "acc_prototype")] == pytest.approx(np.mean(accs))
     if fedproto["compress"]:
-        assert torch.equal(algo.client_ref, algo.protos)  # client and server keep the same reconstruction
+        refs = torch.stack([c.state["prototype_ref"] for c in trainer.ctx.clients])
+        assert torch.equal(refs, algo.protos)  # client and server keep the same reconstruction
         # after two uploads of ceil(0.25*64)=16 dims each, at most 32 dims of each prototype are non-zero
         nz = (algo.protos[algo.held] != 0).sum(1)
         assert (nz <= 32).all() and (nz > 16).any()
@@ -243,7 +247,7 @@ def _context(mnist, tmp_path, fedproto: dict, models: list[nn.Module], n: int = 
         xt, yt = to_tensor(mnist.test_x[lo:lo + n]), torch.from_numpy(mnist.test_y[lo:lo + n]).long()
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         clients.append(Client(k, model, opt, x, y, torch.arange(lo, lo + n), xt, yt))
-    return Context(params, clients, Ledger(), None, torch.device("cpu"), Timer(), tmp_path, mnist.num_classes, True)
+    return Context(params, clients, Ledger(), None, torch.device("cpu"), tmp_path, mnist.num_classes, True)
 
 
 def _mixed_models(mnist):
@@ -256,10 +260,11 @@ def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist,
         FedProto(_context(mnist, tmp_path, {"align": False}, _mixed_models(mnist)))
     ctx = _context(mnist, tmp_path, {"align": True, "align_dim": 16}, _mixed_models(mnist))
     algo = FedProto(ctx)
-    assert [a[0].in_features for a in algo.adapters] == [32, 64]
-    torch.testing.assert_close(algo.adapters[0][2].weight, algo.adapters[1][2].weight)  # common initialisation
-    before = [copy.deepcopy(a.state_dict()) for a in algo.adapters]
-    algo.train_round(1, [0, 1])
+    adapters = [c.model.adapter for c in ctx.clients]  # part of each client's model, trained by its optimizer
+    assert [a[0].in_features for a in adapters] == [32, 64]
+    torch.testing.assert_close(adapters[0][2].weight, adapters[1][2].weight)  # common initialisation
+    before = [copy.deepcopy(a.state_dict()) for a in adapters]
+    run_round(algo, SequentialExecutor(), 1, [0, 1])
     assert algo.protos.shape == (2, mnist.num_classes, 16)
     for c in ctx.clients:  # each client uploaded a 16-dim prototype for every class it holds
         assert torch.nonzero(algo.held[c.id]).flatten().tolist() == c.y_train.unique().tolist()
@@ -268,12 +273,12 @@ def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist,
     # the global prototype of a shared class is the count-weighted mean of the two clients' 16-dim prototypes
     w = algo.counts[:, shared].float() / algo.counts[:, shared].sum(0)
     torch.testing.assert_close(algo.global_protos[shared], (w.unsqueeze(-1) * algo.protos[:, shared]).sum(0))
-    algo.train_round(2, [0, 1])
+    run_round(algo, SequentialExecutor(), 2, [0, 1])
     downs = {k: b for _, k, d, _, b, _ in ctx.ledger.rows(2) if d == DOWN}
     assert downs == {0: int(algo.global_has.sum()) * (8 + 4 * 16), 1: int(algo.global_has.sum()) * (8 + 4 * 16)}
     # the adapters were trained (the MSE term reaches them from round 2 on)
-    assert not torch.equal(before[0]["0.weight"], algo.adapters[0][0].weight)
-    assert not torch.equal(before[1]["0.weight"], algo.adapters[1][0].weight)
+    assert not torch.equal(before[0]["0.weight"], adapters[0][0].weight)
+    assert not torch.equal(before[1]["0.weight"], adapters[1][0].weight)
     rows, extras = algo.evaluate(2)
     assert len(rows) == 2 and 0.0 <= extras["acc_prototype"] <= 1.0
 
@@ -302,28 +307,31 @@ def test_state_dict_round_trip_resumes_exactly(mnist, tmp_path):
     fedproto = {"align": True, "align_dim": 16, "compress": True, "aggregation": "confidence"}
     ctx = _context(mnist, tmp_path, fedproto, _mixed_models(mnist))
     algo = FedProto(ctx)
-    algo.train_round(1, [0, 1])
-    algo.train_round(2, [0])  # partial participation: client 1's round-1 upload stays in use
+    run_round(algo, SequentialExecutor(), 1, [0, 1])
+    run_round(algo, SequentialExecutor(), 2, [0])  # partial participation: client 1's round-1 upload stays in use
     saved_algo = copy.deepcopy(algo.state_dict())
-    saved_clients = [(copy.deepcopy(c.model.state_dict()), copy.deepcopy(c.optimizer.state_dict())) for c in ctx.clients]
-    algo.train_round(3, [0, 1])
+    saved_clients = [(copy.deepcopy(c.model.state_dict()), copy.deepcopy(c.optimizer.state_dict()), copy.deepcopy(c.state))
+                     for c in ctx.clients]
+    run_round(algo, SequentialExecutor(), 3, [0, 1])
     rows, extras = algo.evaluate(3)
 
     ctx2 = _context(mnist, tmp_path, fedproto, _mixed_models(mnist))
     resumed = FedProto(ctx2)
     resumed.load_state_dict(saved_algo)
-    for c, (m, o) in zip(ctx2.clients, saved_clients):
+    for c, (m, o, st) in zip(ctx2.clients, saved_clients):
         c.model.load_state_dict(m)
         c.optimizer.load_state_dict(o)
-    assert resumed.adapter_opts[0].state  # momentum buffers came back
-    resumed.train_round(3, [0, 1])
+        c.state = st
+    adapter_weight = ctx2.clients[0].model.adapter[0].weight
+    assert "momentum_buffer" in ctx2.clients[0].optimizer.state[adapter_weight]  # the adapter's momentum came back
+    run_round(resumed, SequentialExecutor(), 3, [0, 1])
     rows2, extras2 = resumed.evaluate(3)
     assert rows2 == rows and extras2 == extras
     for name, value in algo.state_dict().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, resumed.state_dict()[name]), name
-    for a, b in zip(algo.adapters, resumed.adapters):
-        for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+    for c1, c2 in zip(ctx.clients, ctx2.clients):
+        for (n, p), (_, q) in zip(c1.model.adapter.state_dict().items(), c2.model.adapter.state_dict().items()):
             assert torch.equal(p, q), n
     for c1, c2 in zip(ctx.clients, ctx2.clients):
         for p, q in zip(c1.model.parameters(), c2.model.parameters()):

@@ -13,11 +13,11 @@ held classes that have a teacher.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from pipeline.algorithms.base import Algorithm
-from pipeline.comm import DOWN, UP, Payload
-from pipeline.engine import Context
+from pipeline.algorithms.base import LocalUpdate, Method, Upload
+from pipeline.clients import Client, Context
+from pipeline.comm import Payload
+from pipeline.losses import ce_rows, soft_ce_rows
 
 
 def leave_one_out(sums: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
@@ -28,55 +28,66 @@ def leave_one_out(sums: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
     return total / count.unsqueeze(-1)  # 0/0 -> NaN: no other client holds the class
 
 
-def soft_cross_entropy(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """CE(softmax(teacher), softmax(student)) over rows with a teacher (NaN rows skipped), / batch size."""
-    has = ~torch.isnan(teacher[:, 0])
-    if not bool(has.any()):
-        return student.new_zeros(())
-    return -(F.softmax(teacher[has], dim=1) * F.log_softmax(student[has], dim=1)).sum() / len(student)
+def client_classes(client: Client, num_classes: int) -> torch.Tensor:
+    """[C] bool: the classes present in a client's training data."""
+    held = torch.zeros(num_classes, dtype=torch.bool)
+    held[client.y_train.cpu().unique()] = True
+    return held
 
 
-class FD(Algorithm):
+class FDClient(LocalUpdate):
+    def begin(self, client, download, round_):
+        C = self.num_classes
+        table = torch.full((C, C), float("nan"))
+        for p in download:
+            table[p.arrays["class_ids"]] = p.arrays["logits"]
+        return {"teacher": table.to(client.y_train.device)[client.y_train]}  # each sample's class teacher
+
+    def loss(self, model, step, phase):
+        logits = model(step.x)
+        step.record("logits", logits)
+        return ce_rows(logits, step.y) + self.params.fd.gamma * soft_ce_rows(logits, step.t["teacher"])
+
+    def end(self, client, targets, records, round_):
+        """Per held class, the mean of the logits its samples had while training (no extra forward pass)."""
+        idx, logits = records["logits"]
+        y = client.y_train[idx.to(client.y_train.device)]
+        C = self.num_classes
+        sums = torch.zeros(C, C, device=logits.device).index_add_(0, y, logits)
+        counts = torch.bincount(y, minlength=C)
+        mine = torch.nonzero(counts > 0).flatten()
+        means = (sums[mine] / counts[mine].unsqueeze(1)).cpu()
+        return Upload([Payload("class_logits", {"class_ids": mine.cpu(), "logits": means})])
+
+
+class FD(Method):
     name = "fd"
+    client_cls = FDClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         K, C = len(ctx.clients), ctx.num_classes
-        self.gamma = ctx.params.fd.gamma
-        # the server's view: each client's latest per-class mean logits
+        # the server's view: each client's latest per-class mean logits, and the classes each client has
         self.means = torch.zeros(K, C, C)
         self.held = torch.zeros(K, C, dtype=torch.bool)
+        self.classes = [client_classes(c, C) for c in ctx.clients]
 
-    def train_round(self, round_: int, selected: list[int]) -> None:
+    def configure(self, round_, selected):
         teachers = leave_one_out(self.means, self.held)  # from uploads as of round start
-        C = self.ctx.num_classes
+        downloads = {}
         for k in selected:
-            client = self.ctx.clients[k]
-            table = torch.full((C, C), float("nan"))
-            with self.ctx.timer("exchange"):
-                classes = torch.nonzero(~torch.isnan(teachers[k, :, 0]) & client_classes(client, C)).flatten()
-                if len(classes):
-                    down = self.ctx.ledger.record(round_, k, DOWN, Payload("class_logits", {
-                        "class_ids": classes, "logits": teachers[k, classes].clone()}))
-                    table[down.arrays["class_ids"]] = down.arrays["logits"]
-            table = table.to(self.ctx.device)
-            sums = torch.zeros(C, C, device=self.ctx.device)
-            counts = torch.zeros(C, device=self.ctx.device)
-            client.model.train()
-            for x, y, _ in self.ctx.batches(client, round_):
-                logits = client.model(x)
-                loss = F.cross_entropy(logits, y) + self.gamma * soft_cross_entropy(logits, table[y])
-                client.step(loss)
-                sums.index_add_(0, y, logits.detach())
-                counts.index_add_(0, y, torch.ones_like(y, dtype=counts.dtype))
-            with self.ctx.timer("exchange"):
-                mine = torch.nonzero(counts > 0).flatten().cpu()
-                means = (sums[mine.to(sums.device)] / counts[mine.to(sums.device)].unsqueeze(1)).cpu()
-                up = self.ctx.ledger.record(round_, k, UP, Payload("class_logits", {"class_ids": mine, "logits": means}))
-                self.means[k].zero_()
-                self.held[k].zero_()
-                self.means[k, up.arrays["class_ids"]] = up.arrays["logits"]
-                self.held[k, up.arrays["class_ids"]] = True
+            classes = torch.nonzero(~torch.isnan(teachers[k, :, 0]) & self.classes[k]).flatten()
+            downloads[k] = ([Payload("class_logits", {"class_ids": classes, "logits": teachers[k, classes].clone()})]
+                            if len(classes) else [])
+        return downloads
+
+    def aggregate(self, round_, uploads):
+        for k, up in uploads.items():
+            arrays = up.payloads[0].arrays
+            self.means[k].zero_()
+            self.held[k].zero_()
+            self.means[k, arrays["class_ids"]] = arrays["logits"]
+            self.held[k, arrays["class_ids"]] = True
 
     def state_dict(self) -> dict:
         return {"means": self.means.clone(), "held": self.held.clone()}
@@ -84,10 +95,3 @@ class FD(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         self.means.copy_(state["means"])
         self.held.copy_(state["held"])
-
-
-def client_classes(client, num_classes: int) -> torch.Tensor:
-    """[C] bool: the classes present in a client's training data."""
-    held = torch.zeros(num_classes, dtype=torch.bool)
-    held[client.y_train.cpu().unique()] = True
-    return held

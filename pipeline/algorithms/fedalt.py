@@ -31,14 +31,14 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import LocalUpdate, Method, Upload
 from pipeline.algorithms.fedavg import weighted_average
-from pipeline.comm import DOWN, UP, Payload
+from pipeline.clients import Context
+from pipeline.comm import Payload
 from pipeline.config import FedAltParams
-from pipeline.engine import Context
+from pipeline.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
 
 
@@ -75,26 +75,51 @@ def aggregate(global_state: dict[str, torch.Tensor], uploads: list[tuple[dict[in
     return new
 
 
-def self_distillation(student: torch.Tensor, teacher: torch.Tensor, T: float) -> torch.Tensor:
-    """T^2 * KL(softmax(teacher/T) || softmax(student/T)), batch mean; teacher detached here."""
-    return F.kl_div(F.log_softmax(student / T, dim=1), F.log_softmax(teacher.detach() / T, dim=1),
-                    reduction="batchmean", log_target=True) * (T * T)
-
-
-def fedalt_loss(outputs: list[torch.Tensor], y: torch.Tensor, lam: float, T: float) -> torch.Tensor:
-    """CE on the final output + CE on every exit + lambda * self-distillation of every exit toward the final."""
+def fedalt_loss_rows(outputs: list[torch.Tensor], y: torch.Tensor, lam: float, T: float) -> torch.Tensor:
+    """Per row: CE on the final output + CE on every exit + lambda * self-distillation of every exit
+    toward the (detached) final output."""
     final = outputs[-1]
-    loss = F.cross_entropy(final, y)
+    rows = ce_rows(final, y)
     for out in outputs[:-1]:
-        loss = loss + F.cross_entropy(out, y)
+        rows = rows + ce_rows(out, y)
         if lam:
-            loss = loss + lam * self_distillation(out, final, T)
-    return loss
+            rows = rows + lam * kd_rows(out, final.detach(), T)
+    return rows
 
 
-class FedAlt(Algorithm):
+class FedAltClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.cfg = params.fedalt
+
+    def begin(self, client, download, round_):
+        """Combination: overwrite the received blocks, keep the rest; drop stale momentum of replaced weights."""
+        received = {}
+        for p in download:
+            received.update(p.arrays)
+        combine(client.model, received)
+        m = len(download)
+        for name, param in client.model.named_parameters():
+            if block_of(name) <= m:
+                client.optimizer.state.pop(param, None)
+        client.state["blocks"] = torch.tensor(m)
+        return {}
+
+    def loss(self, model, step, phase):
+        return fedalt_loss_rows(model.forward_all(step.x), step.y, self.cfg.lambda_, self.cfg.T)
+
+    def end(self, client, targets, records, round_):
+        """Upload the blocks it received, after training."""
+        state = client.model.state_dict()
+        m = int(client.state["blocks"])
+        return Upload([Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
+                       for b in range(1, m + 1)], {"weight": float(client.num_train)})
+
+
+class FedAlt(Method):
     name = "fedalt"
     homogeneous_only = True
+    client_cls = FedAltClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -105,39 +130,20 @@ class FedAlt(Algorithm):
             torch.manual_seed(int(torch_generator(p.seed, "init", 0).initial_seed()))
             model = build_multiexit(in_channels, ctx.num_classes)
         self.global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        t = p.train
         for client in ctx.clients:  # every client starts from the one global model
             client.model = copy.deepcopy(model).to(ctx.device)
-            client.optimizer = torch.optim.SGD(client.model.parameters(), lr=t.lr, momentum=t.momentum,
-                                               weight_decay=t.weight_decay)
+            client.new_optimizer()
 
-    def train_round(self, round_: int, selected: list[int]) -> None:
-        uploads = []
-        for k in selected:
-            client = self.ctx.clients[k]
-            m = blocks_sent(self.cfg, self.ctx.params.seed, round_, k)
-            with self.ctx.timer("exchange"):
-                received = {}
-                for b in range(1, m + 1):
-                    down = self.ctx.ledger.record(round_, k, DOWN, Payload(f"block{b}", block_state(self.global_state, b)))
-                    received.update(down.arrays)
-                combine(client.model, received)
-                for name, param in client.model.named_parameters():  # stale momentum of replaced weights
-                    if block_of(name) <= m:
-                        client.optimizer.state.pop(param, None)
-            client.model.train()
-            for x, y, _ in self.ctx.batches(client, round_):
-                client.step(fedalt_loss(client.model.forward_all(x), y, self.cfg.lambda_, self.cfg.T))
-            with self.ctx.timer("exchange"):
-                state = client.model.state_dict()
-                blocks = {}
-                for b in range(1, m + 1):
-                    up = self.ctx.ledger.record(round_, k, UP, Payload(
-                        f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()}))
-                    blocks[b] = up.arrays
-                uploads.append((blocks, float(client.num_train)))
-        with self.ctx.timer("exchange"):
-            self.global_state = aggregate(self.global_state, uploads)
+    def configure(self, round_, selected):
+        """Distribution: the first m_k blocks of the global model to each selected client."""
+        return {k: [Payload(f"block{b}", block_state(self.global_state, b))
+                    for b in range(1, blocks_sent(self.cfg, self.ctx.params.seed, round_, k) + 1)]
+                for k in selected}
+
+    def aggregate(self, round_, uploads):
+        self.global_state = aggregate(self.global_state, [
+            ({int(p.kind.removeprefix("block")): p.arrays for p in up.payloads}, up.kept["weight"])
+            for up in uploads.values()])
 
     @torch.inference_mode()
     def evaluate(self, round_: int):

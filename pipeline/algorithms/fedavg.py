@@ -15,12 +15,14 @@ Bytes per selected client and round: the nbytes of every state_dict tensor, down
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import copy
 
-from pipeline.algorithms.base import Algorithm
-from pipeline.comm import DOWN, UP, Payload
-from pipeline.engine import Context, evaluate_model
+import torch
+
+from pipeline.algorithms.base import LocalUpdate, Method, Upload
+from pipeline.clients import Context, evaluate_model
+from pipeline.comm import Payload
+from pipeline.losses import ce_rows
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
@@ -33,35 +35,41 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     return out
 
 
-class FedAvg(Algorithm):
+def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.detach().cpu().clone() for n, t in model.state_dict().items()}
+
+
+class FedAvgClient(LocalUpdate):
+    def begin(self, client, download, round_):
+        (params,) = download
+        client.model.load_state_dict(params.arrays)
+        client.optimizer.state.clear()  # FedAvg: a fresh optimizer state from the global model each round
+        return {}
+
+    def loss(self, model, step, phase):
+        return ce_rows(model(step.x), step.y)
+
+    def end(self, client, targets, records, round_):
+        return Upload([Payload("params", state_copy(client.model))], {"weight": float(client.num_train)})
+
+
+class FedAvg(Method):
     name = "fedavg"
     homogeneous_only = True
+    client_cls = FedAvgClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.eval_model = ctx.params.fedavg.eval_model
-        # the global model starts as client 0's initial weights
-        self.global_state = {n: t.detach().cpu().clone() for n, t in ctx.clients[0].model.state_dict().items()}
+        self.global_state = state_copy(ctx.clients[0].model)  # the global model starts as client 0's initial weights
         self.global_model = None  # built lazily for the `global` reading
 
-    def train_round(self, round_: int, selected: list[int]) -> None:
-        states, weights = [], []
-        for k in selected:
-            client = self.ctx.clients[k]
-            with self.ctx.timer("exchange"):
-                down = self.ctx.ledger.record(round_, k, DOWN, Payload("params", dict(self.global_state)))
-                client.model.load_state_dict(down.arrays)
-                client.optimizer.state.clear()
-            client.model.train()
-            for x, y, _ in self.ctx.batches(client, round_):
-                client.step(F.cross_entropy(client.model(x), y))
-            with self.ctx.timer("exchange"):
-                up = self.ctx.ledger.record(round_, k, UP, Payload(
-                    "params", {n: t.detach().cpu().clone() for n, t in client.model.state_dict().items()}))
-                states.append(up.arrays)
-                weights.append(client.num_train)
-        with self.ctx.timer("exchange"):
-            self.global_state = weighted_average(states, weights)
+    def configure(self, round_, selected):
+        return {k: [Payload("params", dict(self.global_state))] for k in selected}
+
+    def aggregate(self, round_, uploads):
+        ups = list(uploads.values())
+        self.global_state = weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
 
     def evaluate(self, round_: int):
         personalized = super().evaluate(round_)[0]
@@ -75,8 +83,6 @@ class FedAvg(Algorithm):
 
     def _global_model(self):
         if self.global_model is None:
-            import copy
-
             self.global_model = copy.deepcopy(self.ctx.clients[0].model)
         self.global_model.load_state_dict(self.global_state)
         return self.global_model

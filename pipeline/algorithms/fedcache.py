@@ -3,15 +3,21 @@
 Set-up (round 0): each client uploads (sample ids, labels, hash codes) once; the server
 already holds the relation table built by the index stage (data/cache/cache.db).
 
-Each round, each selected client trains one local epoch; per batch it uploads the logits of
-those sample ids and receives the mean of the latest cached logits of each sample's R
-neighbours (pipeline/cache/knowledge.py), then minimises
-    CE(student, y) + beta * T^2 * KL(softmax(teacher/T) || softmax(student/T)).
+Each round, each selected client trains one local epoch on
+    CE(student, y) + beta * T^2 * KL(softmax(teacher/T) || softmax(student/T)),
+the teacher of a sample being the mean of the latest cached logits of its R neighbours
+(pipeline/cache/knowledge.py). When the teacher is read depends on `consistency`:
+  live   per batch, through the per-step exchange hook: the client uploads the batch's logits
+         and gets back its teachers as the cache is now (the official code; sequential executor);
+  step   the same per-batch exchange, but all clients take each local step together and read
+         the cache as it stood after the previous step (vectorized executor);
+  round  the download carries the teachers of all the client's samples from the round-start
+         cache; the upload carries each sample's logits from its (last) training step.
 At the end of the round the knowledge table of the SQL store is written in one transaction.
 
-Bytes per batch of b samples with C classes: up = b*8 (int64 ids) + b*C*4 (float32 logits),
-down = b*C*4 (float32 teacher logits). Set-up: n*8 (ids) + n*8 (labels) + n*d*s (codes of
-dimension d stored with s bytes per value).
+Bytes with C classes: per sample and visit, up = 8 (int64 id) + 4C (float32 logits), down = 4C
+(float32 teacher); with one local epoch every consistency sends the same bytes. Set-up: n*8
+(ids) + n*8 (labels) + n*d*s (codes of dimension d stored with s bytes per value).
 """
 
 from __future__ import annotations
@@ -20,18 +26,52 @@ import shutil
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pipeline import paths
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import LocalUpdate, Method, Upload
 from pipeline.cache import store
 from pipeline.cache.knowledge import KnowledgeCache
-from pipeline.comm import DOWN, SETUP_ROUND, UP, Payload
-from pipeline.engine import Context, kd_loss
+from pipeline.clients import Context
+from pipeline.comm import Payload
+from pipeline.losses import ce_rows, kd_rows
 
 
-class FedCache(Algorithm):
+class FedCacheClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.fedcache
+        self.uses_exchange = self.p.consistency != "round"
+
+    def begin(self, client, download, round_):
+        if self.p.consistency != "round":
+            return {}
+        (knowledge,) = download
+        return {"teacher": knowledge.arrays["teacher"].to(client.x_train.device)}
+
+    def loss(self, model, step, phase):
+        logits = model(step.x)
+        if "teacher" in step.t:  # round: from the download
+            teacher = step.t["teacher"]
+            step.record("logits", logits)
+        else:  # live / step: upload this batch's logits, get back its teachers
+            teacher = step.exchange(Payload("logits", {"sample_ids": step.ids, "logits": logits.detach()}))["teacher"]
+        return ce_rows(logits, step.y) + self.p.beta * kd_rows(logits, teacher, self.p.T)
+
+    def end(self, client, targets, records, round_):
+        if "logits" not in records:
+            return Upload()
+        idx, logits = records["logits"]
+        visit = torch.arange(len(idx))
+        # a sample visited more than once (local_epochs > 1) sends the logits of its last visit
+        latest = torch.full((client.num_train,), -1, dtype=torch.long).scatter_reduce(0, idx, visit, "amax")
+        sent = idx[latest[idx] == visit]
+        order = latest[sent]
+        return Upload([Payload("logits", {"sample_ids": client.ids[sent], "logits": logits[order.to(logits.device)].cpu()})])
+
+
+class FedCache(Method):
     name = "fedcache"
+    client_cls = FedCacheClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -47,34 +87,47 @@ class FedCache(Algorithm):
         shutil.copyfile(source_db, self.db_path)
         self.db = store.engine_for(self.db_path)
 
-    def setup(self) -> None:
+    @classmethod
+    def inputs(cls):
+        return [paths.PARTITION, paths.RELATIONS]
+
+    @classmethod
+    def vectorized_unsupported(cls, params):
+        if params.fedcache.consistency == "live":
+            return ("fedcache.consistency live lets each batch read what earlier clients wrote in the same round, "
+                    "which is inherently one client after another; step or round consistency can be vectorized")
+        return None
+
+    def setup(self):
         codes = np.load(paths.HASHES)
-        part = self.ctx.partition
+        labels = self.ctx.partition.train_labels
+        uploads = {}
         for client in self.ctx.clients:
             ids = client.ids.numpy()
-            self.ctx.ledger.record(SETUP_ROUND, client.id, UP, Payload("hashes", {
-                "sample_ids": ids, "labels": part.train_labels[ids], "codes": codes[ids]}))
+            uploads[client.id] = [Payload("hashes", {"sample_ids": ids, "labels": labels[ids], "codes": codes[ids]})]
+        return uploads
 
-    def exchange(self, round_: int, client_id: int, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Upload a batch's logits, get back its neighbours' mean knowledge (NaN rows: no teacher yet)."""
-        ledger = self.ctx.ledger
-        with self.ctx.timer("exchange"):
-            up = ledger.record(round_, client_id, UP, Payload("logits", {"sample_ids": ids, "logits": logits.detach().cpu()}))
-            teacher = self.cache.fetch(up.arrays["sample_ids"])
-            self.cache.update(up.arrays["sample_ids"], up.arrays["logits"], round_)
-            down = ledger.record(round_, client_id, DOWN, Payload("knowledge", {"teacher": teacher}))
-            return down.arrays["teacher"].to(logits.device)
-
-    def train_round(self, round_: int, selected: list[int]) -> None:
+    def configure(self, round_, selected):
         self.cache.begin_round()
-        for k in selected:
-            client = self.ctx.clients[k]
-            client.model.train()
-            for x, y, ids in self.ctx.batches(client, round_):
-                logits = client.model(x)
-                teacher = self.exchange(round_, k, ids, logits)
-                loss = F.cross_entropy(logits, y) + self.p.beta * kd_loss(logits, teacher, self.p.T)
-                client.step(loss)
+        if self.p.consistency != "round":
+            return {k: [] for k in selected}
+        return {k: [Payload("knowledge", {"teacher": self.cache.fetch(self.ctx.clients[k].ids)})] for k in selected}
+
+    def exchange(self, round_, uploads):
+        downloads = {}
+        for k, up in uploads.items():
+            ids = up.arrays["sample_ids"]
+            downloads[k] = Payload("knowledge", {"teacher": self.cache.fetch(ids)})
+            self.cache.update(ids, up.arrays["logits"], round_)
+        return downloads
+
+    def end_step(self):
+        self.cache.end_step()
+
+    def aggregate(self, round_, uploads):
+        for up in uploads.values():
+            for p in up.payloads:
+                self.cache.update(p.arrays["sample_ids"], p.arrays["logits"], round_)
 
     def end_round(self, round_: int) -> None:
         self._persist(self.cache.updated_in == round_)

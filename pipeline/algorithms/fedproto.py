@@ -59,13 +59,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pipeline.algorithms.base import Algorithm
-from pipeline.comm import DOWN, UP, Payload
+from pipeline.algorithms.base import LocalUpdate, Method, Upload
+from pipeline.clients import Context
+from pipeline.comm import Payload
 from pipeline.config import ConfigError
-from pipeline.engine import Client, Context
+from pipeline.losses import ce_rows
 from pipeline.seeds import torch_generator
 
 ADAPTER_HIDDEN = 128
@@ -121,13 +121,12 @@ def aggregate(protos: torch.Tensor, counts: torch.Tensor, held: torch.Tensor, ho
     return global_, held.any(dim=0)
 
 
-def prototype_mse(z: torch.Tensor, y: torch.Tensor, table: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
-    """MSE(z, table[y]) over the samples whose label has a global prototype (has[y]), averaged over
-    all B*D entries: the others count as zero error (the reference code substitutes their own feature)."""
-    mask = has[y]
-    if not bool(mask.any()):
-        return z.new_zeros(())
-    return (z[mask] - table[y[mask]]).pow(2).sum() / z.numel()
+def prototype_mse_rows(z: torch.Tensor, prototypes: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
+    """Per row: the mean over the D dims of (z - the global prototype of its label)^2, times has
+    (1.0 where the label has a global prototype, else 0: the reference code substitutes the
+    sample's own feature there, i.e. zero error). Summed and divided by the batch size this is
+    the MSE over all B*D entries."""
+    return (z - prototypes).pow(2).mean(dim=1) * has
 
 
 def topk_count(fraction: float, dim: int) -> int:
@@ -176,33 +175,96 @@ def make_adapter(in_dim: int, out_dim: int, seed: int) -> nn.Sequential:
     return nn.Sequential(first, nn.ReLU(), second)
 
 
+@torch.inference_mode()
+def embed_all(model: nn.Module, x: torch.Tensor, batch_size: int, num_classes: int, dim: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode (prototype-space features [n, D], logits [n, C]) over x, in batches."""
+    model.eval()
+    adapter = getattr(model, "adapter", None)
+    zs, logits = [], []
+    for start in range(0, len(x), batch_size):
+        f = model.features(x[start : start + batch_size])
+        zs.append(f if adapter is None else adapter(f))
+        logits.append(model.head(f))
+    if not zs:
+        return x.new_zeros(0, dim), x.new_zeros(0, num_classes)
+    return torch.cat(zs), torch.cat(logits)
+
+
 # -- the method --------------------------------------------------------------------------
 
 
-class FedProto(Algorithm):
+class FedProtoClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.fedproto
+
+    def begin(self, client, download, round_):
+        dim = prototype_dim(self.p, client.model)
+        table = torch.zeros(self.num_classes, dim)
+        has = torch.zeros(self.num_classes)
+        for p in download:  # nothing arrives before the first upload
+            table[p.arrays["class_ids"]] = p.arrays["prototypes"]
+            has[p.arrays["class_ids"]] = 1.0
+        y = client.y_train
+        return {"prototype": table.to(y.device)[y], "has": has.to(y.device)[y]}
+
+    def loss(self, model, step, phase):
+        f = model.features(step.x)
+        rows = ce_rows(model.head(f), step.y)
+        if self.p.lambda_ > 0:
+            z = model.adapter(f) if self.p.align else f
+            rows = rows + self.p.lambda_ * prototype_mse_rows(z, step.t["prototype"], step.t["has"])
+        return rows
+
+    def end(self, client, targets, records, round_):
+        """An eval-mode pass over the training data: per-class prototypes (compressed or not), counts
+        and, for confidence aggregation, the classifier's per-class accuracy."""
+        C, p = self.num_classes, self.p
+        dim = prototype_dim(p, client.model)
+        z, logits = embed_all(client.model, client.x_train, self.params.train.eval_batch_size, C, dim)
+        y = client.y_train
+        protos, counts = class_prototypes(z, y, C, p.prototype)
+        mine = torch.nonzero(counts > 0).flatten()
+        arrays: dict[str, torch.Tensor] = {"class_ids": mine.cpu(), "counts": counts[mine].cpu()}
+        if p.aggregation == "confidence":
+            correct = torch.zeros(C, device=z.device).index_add_(0, y, (logits.argmax(1) == y).float())
+            arrays["accuracies"] = (correct[mine] / counts[mine].float()).cpu()
+        mine_cpu = mine.cpu()
+        if p.compress:
+            # the client keeps its copy of the server's reconstruction of its uploads
+            ref = client.state.setdefault("prototype_ref", torch.zeros(C, dim))
+            arrays.update(compress(protos[mine].cpu(), ref[mine_cpu], topk_count(p.topk_fraction, dim)))
+            ref[mine_cpu] = decompress(arrays["values"], arrays["indices"], arrays["scales"], ref[mine_cpu])
+        else:
+            arrays["prototypes"] = protos[mine].float().cpu()
+        return Upload([Payload("prototypes", arrays)])
+
+
+def prototype_dim(p, model: nn.Module) -> int:
+    return p.align_dim if p.align else feature_dim(model)
+
+
+class FedProto(Method):
     name = "fedproto"
+    client_cls = FedProtoClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.p = p = ctx.params.fedproto
-        t = ctx.params.train
         K, C = len(ctx.clients), ctx.num_classes
         dims = [feature_dim(c.model) for c in ctx.clients]
         if p.align:
-            self.dim = p.align_dim
-            self.adapters = [make_adapter(d, p.align_dim, ctx.params.seed).to(ctx.device) for d in dims]
-            self.adapter_opts = [torch.optim.SGD(a.parameters(), lr=t.lr, momentum=t.momentum,
-                                                 weight_decay=t.weight_decay) for a in self.adapters]
-        else:
-            if len(set(dims)) != 1:
-                raise ConfigError(f"fedproto: the clients' feature sizes differ ({sorted(set(dims))}); prototypes "
-                                  "cannot be shared: set fedproto.align: true")
-            self.dim = dims[0]
-            self.adapters, self.adapter_opts = [None] * K, [None] * K
-        D = self.dim
+            # Each client's adapter is part of its model (trained by its optimizer, never sent).
+            for c, d in zip(ctx.clients, dims):
+                c.model.adapter = make_adapter(d, p.align_dim, ctx.params.seed).to(ctx.device)
+                c.new_optimizer()
+        elif len(set(dims)) != 1:
+            raise ConfigError(f"fedproto: the clients' feature sizes differ ({sorted(set(dims))}); prototypes "
+                              "cannot be shared: set fedproto.align: true")
+        self.dim = D = p.align_dim if p.align else dims[0]
         if p.compress and D >= 32768:
             raise ConfigError(f"fedproto.compress sends int16 indices: the prototype size {D} must be below 32768")
-        self.k = topk_count(p.topk_fraction, D)
         # server: the latest upload of every client (the reconstruction when compressing)
         self.protos = torch.zeros(K, C, D)
         self.counts = torch.zeros(K, C, dtype=torch.long)
@@ -210,97 +272,21 @@ class FedProto(Algorithm):
         self.held = torch.zeros(K, C, dtype=torch.bool)
         self.global_protos = torch.zeros(C, D)
         self.global_has = torch.zeros(C, dtype=torch.bool)
-        # client side: each client's copy of the server's reconstruction of its uploads (compress only)
-        self.client_ref = torch.zeros(K, C, D)
-
-    # -- helpers ---------------------------------------------------------------------
-
-    def _embed(self, k: int, f: torch.Tensor) -> torch.Tensor:
-        adapter = self.adapters[k]
-        return f if adapter is None else adapter(f)
-
-    @torch.inference_mode()
-    def _forward_all(self, k: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eval-mode (prototype-space features [n, D], logits [n, C]) over x, in batches."""
-        client = self.ctx.clients[k]
-        client.model.eval()
-        if self.adapters[k] is not None:
-            self.adapters[k].eval()
-        zs, logits = [], []
-        bs = self.ctx.params.train.eval_batch_size
-        for start in range(0, len(x), bs):
-            f = client.model.features(x[start : start + bs])
-            zs.append(self._embed(k, f))
-            logits.append(client.model.head(f))
-        C = self.ctx.num_classes
-        if not zs:
-            return x.new_zeros(0, self.dim), x.new_zeros(0, C)
-        return torch.cat(zs), torch.cat(logits)
 
     # -- one round ---------------------------------------------------------------------
 
-    def train_round(self, round_: int, selected: list[int]) -> None:
-        for k in selected:
-            table, has = self._download(round_, k)
-            self._train_local(round_, k, table, has)
-            self._upload(round_, k)
-        with self.ctx.timer("exchange"):
-            self.global_protos, self.global_has = aggregate(self.protos, self.counts, self.held, self.p.aggregation,
-                                                            self.accuracy)
+    def configure(self, round_, selected):
+        classes = torch.nonzero(self.global_has).flatten()
+        if not len(classes):  # nothing to send before the first upload
+            return {k: [] for k in selected}
+        return {k: [Payload("prototypes", {"class_ids": classes, "prototypes": self.global_protos[classes].clone()})]
+                for k in selected}
 
-    def _download(self, round_: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        C, dev = self.ctx.num_classes, self.ctx.device
-        table = torch.zeros(C, self.dim, device=dev)
-        has = torch.zeros(C, dtype=torch.bool, device=dev)
-        with self.ctx.timer("exchange"):
-            classes = torch.nonzero(self.global_has).flatten()
-            if len(classes):  # nothing to send before the first upload
-                down = self.ctx.ledger.record(round_, k, DOWN, Payload("prototypes", {
-                    "class_ids": classes, "prototypes": self.global_protos[classes].clone()}))
-                ids = down.arrays["class_ids"].to(dev)
-                table[ids] = down.arrays["prototypes"].to(dev)
-                has[ids] = True
-        return table, has
-
-    def _train_local(self, round_: int, k: int, table: torch.Tensor, has: torch.Tensor) -> None:
-        client: Client = self.ctx.clients[k]
-        adapter, adapter_opt = self.adapters[k], self.adapter_opts[k]
-        client.model.train()
-        if adapter is not None:
-            adapter.train()
-        lam = self.p.lambda_
-        for x, y, _ in self.ctx.batches(client, round_):
-            f = client.model.features(x)
-            loss = F.cross_entropy(client.model.head(f), y)
-            if lam > 0 and bool(has.any()):
-                loss = loss + lam * prototype_mse(self._embed(k, f), y, table, has)
-            if adapter_opt is not None:
-                adapter_opt.zero_grad(set_to_none=True)
-            client.step(loss)
-            if adapter_opt is not None:
-                adapter_opt.step()
-
-    def _upload(self, round_: int, k: int) -> None:
-        client = self.ctx.clients[k]
-        C = self.ctx.num_classes
-        z, logits = self._forward_all(k, client.x_train)
-        y = client.y_train
-        protos, counts = class_prototypes(z, y, C, self.p.prototype)
-        with self.ctx.timer("exchange"):
-            mine = torch.nonzero(counts > 0).flatten()
-            arrays: dict[str, torch.Tensor] = {"class_ids": mine.cpu(), "counts": counts[mine].cpu()}
-            if self.p.aggregation == "confidence":
-                correct = torch.zeros(C, device=z.device).index_add_(0, y, (logits.argmax(1) == y).float())
-                arrays["accuracies"] = (correct[mine] / counts[mine].float()).cpu()
-            mine_cpu = mine.cpu()
-            if self.p.compress:
-                arrays.update(compress(protos[mine].cpu(), self.client_ref[k, mine_cpu], self.k))
-                self.client_ref[k, mine_cpu] = decompress(arrays["values"], arrays["indices"], arrays["scales"],
-                                                          self.client_ref[k, mine_cpu])
-            else:
-                arrays["prototypes"] = protos[mine].float().cpu()
-            up = self.ctx.ledger.record(round_, k, UP, Payload("prototypes", arrays))
-            self._receive(k, up.arrays)
+    def aggregate(self, round_, uploads):
+        for k, up in uploads.items():
+            self._receive(k, up.payloads[0].arrays)
+        self.global_protos, self.global_has = aggregate(self.protos, self.counts, self.held, self.p.aggregation,
+                                                        self.accuracy)
 
     def _receive(self, k: int, arrays: dict[str, torch.Tensor]) -> None:
         """Server side: replace client k's latest upload with what arrived."""
@@ -324,8 +310,9 @@ class FedProto(Algorithm):
         classes = torch.nonzero(self.global_has).flatten().to(self.ctx.device)
         protos = self.global_protos.to(self.ctx.device)[classes]
         by_classifier, by_prototype = [], []
+        bs = self.ctx.params.train.eval_batch_size
         for c in self.ctx.clients:
-            z, logits = self._forward_all(c.id, c.x_test)
+            z, logits = embed_all(c.model, c.x_test, bs, self.ctx.num_classes, self.dim)
             n = len(c.y_test)
             acc_cls = float((logits.argmax(1) == c.y_test).sum()) / n if n else float("nan")
             if len(classes) and n:
@@ -343,29 +330,11 @@ class FedProto(Algorithm):
 
     # -- checkpoint ------------------------------------------------------------------
 
+    STATE = ("protos", "counts", "accuracy", "held", "global_protos", "global_has")
+
     def state_dict(self) -> dict:
-        state = {name: getattr(self, name).clone() for name in
-                 ("protos", "counts", "accuracy", "held", "global_protos", "global_has", "client_ref")}
-        if self.p.align:
-            state["adapters"] = [{n: t.detach().cpu().clone() for n, t in a.state_dict().items()} for a in self.adapters]
-            state["adapter_opts"] = [_cpu_copy(o.state_dict()) for o in self.adapter_opts]
-        return state
+        return {name: getattr(self, name).clone() for name in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in ("protos", "counts", "accuracy", "held", "global_protos", "global_has", "client_ref"):
+        for name in self.STATE:
             getattr(self, name).copy_(state[name])
-        if self.p.align:
-            for a, s in zip(self.adapters, state["adapters"]):
-                a.load_state_dict(s)
-            for o, s in zip(self.adapter_opts, state["adapter_opts"]):
-                o.load_state_dict(s)  # moves momentum buffers to the parameters' device
-
-
-def _cpu_copy(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cpu_copy(v) for v in obj]
-    return obj

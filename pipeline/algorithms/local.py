@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+from pipeline.algorithms.base import LocalUpdate, Method
+from pipeline.losses import ce_rows
 
-from pipeline.algorithms.base import Algorithm
+
+class LocalClient(LocalUpdate):
+    def loss(self, model, step, phase):
+        return ce_rows(model(step.x), step.y)
 
 
-class LocalOnly(Algorithm):
+class LocalOnly(Method):
     name = "local"
-
-    def train_round(self, round_: int, selected: list[int]) -> None:
-        for k in selected:
-            client = self.ctx.clients[k]
-            client.model.train()
-            for x, y, _ in self.ctx.batches(client, round_):
-                client.step(F.cross_entropy(client.model(x), y))
+    client_cls = LocalClient

@@ -52,10 +52,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.algorithms.base import Algorithm
-from pipeline.comm import UP, Payload
-from pipeline.engine import Client, Context
-from pipeline.seeds import torch_generator
+from pipeline.algorithms.base import LocalUpdate, Method, Phase, Upload
+from pipeline.clients import Client, Context
+from pipeline.comm import Payload
+from pipeline.losses import ce_rows, soft_kd_rows
 from pipeline.topology import Topology
 
 BODY_PREFIXES = ("stem.", "stages.")
@@ -128,17 +128,6 @@ def aggregate_bodies(own: dict[str, torch.Tensor], neighbours: list[dict[str, to
     return out
 
 
-def soft_kd(student: torch.Tensor, teacher: torch.Tensor, T: float) -> torch.Tensor:
-    """T^2 * KL(teacher || softmax(student / T)) with teacher *probabilities*, summed over rows that
-    have a teacher (NaN rows skipped) and divided by the batch size (as engine.kd_loss)."""
-    has = ~torch.isnan(teacher[:, 0])
-    if not bool(has.any()):
-        return student.new_zeros(())
-    t = teacher[has]
-    kl = (torch.special.xlogy(t, t) - t * F.log_softmax(student[has] / T, dim=1)).sum()
-    return kl * (T * T) / len(student)
-
-
 @torch.inference_mode()
 def class_knowledge(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, T: float,
                     batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,9 +141,78 @@ def class_knowledge(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, nu
     return (sums / counts.clamp_min(1).unsqueeze(1)).float().cpu(), counts.long().cpu()
 
 
-class PDFL(Algorithm):
+def is_head(name: str) -> bool:
+    return name.startswith("head.")
+
+
+def is_body(name: str) -> bool:
+    return not is_head(name)
+
+
+class PDFLClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.pdfl
+
+    def phases(self, round_):
+        head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
+        if self.p.order == "head_then_body":
+            return [head, body]
+        return [Phase(0, is_body, "body"), Phase(1, is_head, "head")]
+
+    def begin(self, client, download, round_):
+        """Steps 2-3 on the client: score the neighbours from their knowledge, aggregate bodies,
+        build the internal (calibrated, top-k) and external class teachers."""
+        p = self.p
+        bodies = {m.sender: m.arrays for m in download if m.kind == "body"}
+        knowledge = {m.sender: m.arrays for m in download if m.kind == "knowledge"}
+        J = sorted(bodies)
+        soft = torch.stack([knowledge[j]["soft"] for j in J])
+        counts = torch.stack([knowledge[j]["counts"] for j in J])
+        if p.attention:
+            mine = representations(client.state["soft"][None], client.state["counts"][None])[0]
+            w = attention_weights(mine, representations(soft, counts), p.heads)
+        else:
+            w = torch.full((len(J),), 1.0 / len(J))
+        client.state["neighbours"], client.state["weights"] = torch.tensor(J), w
+        body = aggregate_bodies(body_state(client.model), [bodies[j] for j in J], w, p.self_weight)
+        client.model.load_state_dict(body, strict=False)
+        y = client.y_train
+        targets = {}
+        if p.internal_kd:
+            targets["internal"] = class_teachers(soft, counts, w, p.top_k, calibrate=True).to(y.device)[y]
+        if p.external_kd:
+            targets["external"] = class_teachers(soft, counts, w).to(y.device)[y]
+        return targets
+
+    def loss(self, model, step, phase):
+        if phase.name == "head":
+            with torch.no_grad():
+                features = model.features(step.x)  # body frozen: no gradients reach it
+            logits, teacher = model.head(features), step.t.get("internal")
+        else:
+            logits, teacher = model(step.x), step.t.get("external")
+        rows = ce_rows(logits, step.y)
+        if teacher is not None and self.p.kd_weight > 0:
+            rows = rows + self.p.kd_weight * soft_kd_rows(logits, teacher, self.p.T)
+        return rows
+
+    def end(self, client, targets, records, round_):
+        """Step 6: the client's new knowledge, published to its neighbours (counted when they receive it)."""
+        publish(client, self.num_classes, self.p.T, self.params.train.eval_batch_size)
+        return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
+                            "weights": client.state["weights"]})
+
+
+def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
+    client.state["soft"], client.state["counts"] = class_knowledge(
+        client.model, client.x_train, client.y_train, num_classes, T, batch_size)
+
+
+class PDFL(Method):
     name = "pdfl"
     homogeneous_only = True
+    client_cls = PDFLClient
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -166,14 +224,7 @@ class PDFL(Algorithm):
         self.stats: dict[int, dict[str, float]] = {}  # round -> extras (diagnostics of the round just trained)
         self.last_weights: dict[int, tuple[list[int], list[float]]] = {}  # client -> (neighbours, weights)
 
-    # -- knowledge ---------------------------------------------------------------------
-
-    def _update_knowledge(self, client: Client) -> None:
-        self.soft[client.id], self.counts[client.id] = class_knowledge(
-            client.model, client.x_train, client.y_train, self.ctx.num_classes, self.p.T,
-            self.ctx.params.train.eval_batch_size)
-
-    def setup(self) -> None:
+    def setup(self):
         # A common starting body (client 0's initial one, as FedAvg's global model): averaging
         # independently initialised networks would mix unaligned features. Peers agree on it through
         # the shared seed, so nothing is sent. Heads keep their own initial weights.
@@ -181,95 +232,34 @@ class PDFL(Algorithm):
         for client in self.ctx.clients:
             client.model.load_state_dict(common, strict=False)
         for client in self.ctx.clients:  # knowledge of the initial models; sent (and counted) in round 1
-            self._update_knowledge(client)
+            publish(client, self.ctx.num_classes, self.p.T, self.ctx.params.train.eval_batch_size)
+            self.soft[client.id], self.counts[client.id] = client.state["soft"], client.state["counts"]
         self.topology.write(self.ctx.run_dir / "topology.json")
+        return {}
 
-    # -- one round ---------------------------------------------------------------------
-
-    def _batches(self, client: Client, round_: int, phase: int):
-        """Seeded shuffled batches of one phase; phase 0 uses the same order as engine.batches."""
-        t = self.ctx.params.train
-        for epoch in range(t.local_epochs):
-            gen = torch_generator(self.ctx.params.seed, "batches", round_, client.id, phase * t.local_epochs + epoch)
-            order = torch.randperm(client.num_train, generator=gen).to(client.x_train.device)
-            for start in range(0, client.num_train, t.batch_size):
-                idx = order[start:start + t.batch_size]
-                yield client.x_train[idx], client.y_train[idx]
-
-    def _loss(self, logits: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor | None) -> torch.Tensor:
-        loss = F.cross_entropy(logits, y)
-        if teacher is not None and self.p.kd_weight > 0:
-            loss = loss + self.p.kd_weight * soft_kd(logits, teacher[y], self.p.T)
-        return loss
-
-    def _train_head(self, client: Client, round_: int, phase: int, teacher: torch.Tensor | None) -> None:
-        model = client.model
-        model.train()
-        for x, y in self._batches(client, round_, phase):
-            with torch.no_grad():
-                features = model.features(x)  # body frozen: no gradients reach it
-            client.step(self._loss(model.head(features), y, teacher))
-
-    def _train_body(self, client: Client, round_: int, phase: int, teacher: torch.Tensor | None) -> None:
-        model = client.model
-        model.train()
-        head = list(model.head.parameters())
-        for p in head:
-            p.requires_grad_(False)  # no grad -> SGD leaves the head (and its momentum) alone
-        try:
-            for x, y in self._batches(client, round_, phase):
-                client.step(self._loss(model(x), y, teacher))
-        finally:
-            for p in head:
-                p.requires_grad_(True)
-
-    def receive(self, round_: int, selected: list[int]) -> dict[int, tuple[dict, Teacher, Teacher]]:
-        """Steps 1-3 for every selected client from the round-start state: {i: (new body, internal
-        teacher [C, C] or None, external teacher or None)}; records the bytes of every directed edge."""
+    def configure(self, round_, selected):
+        """Step 1: what every in-neighbour sends each selected client, from the round-start state."""
         neighbours = self.topology.in_neighbours(round_)
-        ledger, p = self.ctx.ledger, self.p
         senders = sorted(set(selected) | {int(j) for i in selected for j in neighbours[i]})
         bodies = {j: body_state(self.ctx.clients[j].model) for j in senders}  # the round-start snapshot
-        reps = representations(self.soft, self.counts)
-        plans, maxima, edges = {}, [], 0
+        downloads = {}
         for i in selected:
-            J = [int(j) for j in neighbours[i]]
-            for j in J:  # what travels over the edge j -> i
-                ledger.record(round_, j, UP, Payload("body", bodies[j]), peer=i)
-                ledger.record(round_, j, UP, Payload("knowledge", {"soft": self.soft[j], "counts": self.counts[j]}),
-                              peer=i)
-            edges += len(J)
-            if p.attention:
-                w = attention_weights(reps[i], reps[J], p.heads)
-            else:
-                w = torch.full((len(J),), 1.0 / len(J))
-            self.last_weights[i] = (J, w.tolist())
-            maxima.append(float(w.max()))
-            body = aggregate_bodies(bodies[i], [bodies[j] for j in J], w, p.self_weight)
-            device = self.ctx.device
-            internal = (class_teachers(self.soft[J], self.counts[J], w, p.top_k, calibrate=True).to(device)
-                        if p.internal_kd else None)
-            external = class_teachers(self.soft[J], self.counts[J], w).to(device) if p.external_kd else None
-            plans[i] = (body, internal, external)
-        self.stats[round_] = {"edges": float(edges), "attention_max": sum(maxima) / max(len(maxima), 1)}
-        return plans
+            downloads[i] = []
+            for j in (int(j) for j in neighbours[i]):  # what travels over the edge j -> i
+                downloads[i] += [Payload("body", bodies[j], sender=j),
+                                 Payload("knowledge", {"soft": self.soft[j].clone(), "counts": self.counts[j].clone()},
+                                         sender=j)]
+        self.stats[round_] = {"edges": float(sum(len(neighbours[i]) for i in selected))}
+        return downloads
 
-    def train_round(self, round_: int, selected: list[int]) -> None:
-        with self.ctx.timer("exchange"):
-            plans = self.receive(round_, selected)
-            for i in selected:
-                self.ctx.clients[i].model.load_state_dict(plans[i][0], strict=False)
-        for i in selected:
-            client = self.ctx.clients[i]
-            _, internal, external = plans[i]
-            if self.p.order == "head_then_body":
-                self._train_head(client, round_, 0, internal)
-                self._train_body(client, round_, 1, external)
-            else:
-                self._train_body(client, round_, 0, external)
-                self._train_head(client, round_, 1, internal)
-            with self.ctx.timer("exchange"):
-                self._update_knowledge(client)
+    def aggregate(self, round_, uploads):
+        maxima = []
+        for i, up in uploads.items():
+            self.soft[i], self.counts[i] = up.kept["soft"], up.kept["counts"]
+            w = up.kept["weights"]
+            self.last_weights[i] = (self.ctx.clients[i].state["neighbours"].tolist(), w.tolist())
+            maxima.append(float(w.max()))
+        self.stats[round_]["attention_max"] = sum(maxima) / max(len(maxima), 1)
 
     def evaluate(self, round_: int):
         rows, _ = super().evaluate(round_)

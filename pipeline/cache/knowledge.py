@@ -7,7 +7,10 @@ Consistency (a named choice, recorded with every run):
   live   fetch reads the cache as it is now: updates made earlier in the same round, by this
          or other clients, are visible at once (the official code's semantics);
   round  fetch reads a snapshot taken at begin_round(); updates land in the live cache and
-         become visible next round (lets clients train in parallel).
+         become visible next round (lets clients train in parallel);
+  step   clients take each local step together: fetch reads the cache as it stood after the
+         previous step, and the step's updates are held back until end_step() (the
+         vectorized executor's lockstep exchange).
 
 Cold start: a neighbour that has never uploaded has no knowledge. With cold_start "skip"
 (default) it is left out of the mean, and a sample none of whose neighbours has knowledge
@@ -25,7 +28,7 @@ import torch
 
 class KnowledgeCache:
     def __init__(self, relations: torch.Tensor, num_classes: int, consistency: str = "live", cold_start: str = "skip"):
-        if consistency not in ("live", "round") or cold_start not in ("skip", "zeros"):
+        if consistency not in ("live", "round", "step") or cold_start not in ("skip", "zeros"):
             raise ValueError(f"bad consistency {consistency!r} or cold_start {cold_start!r}")
         self.relations = relations.long()
         n = relations.shape[0]
@@ -34,6 +37,7 @@ class KnowledgeCache:
         self.known = torch.full((n,), cold_start == "zeros")
         self.updated_in = torch.full((n,), -1, dtype=torch.long)  # round of each sample's latest upload
         self._view = (self.logits, self.known)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # step consistency: this step's updates
 
     def begin_round(self) -> None:
         if self.consistency == "round":
@@ -51,6 +55,18 @@ class KnowledgeCache:
         return total / count  # 0/0 -> NaN: no teacher
 
     def update(self, ids: torch.Tensor, logits: torch.Tensor, round_: int) -> None:
+        if self.consistency == "step":
+            self._pending.append((ids, logits.detach().clone(), round_))
+        else:
+            self._write(ids, logits, round_)
+
+    def end_step(self) -> None:
+        """Step consistency: the step's uploads land together, after every client has read."""
+        for ids, logits, round_ in self._pending:
+            self._write(ids, logits, round_)
+        self._pending.clear()
+
+    def _write(self, ids: torch.Tensor, logits: torch.Tensor, round_: int) -> None:
         self.logits[ids] = logits.detach().to(self.logits.dtype)
         self.known[ids] = True
         self.updated_in[ids] = round_
