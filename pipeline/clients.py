@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,10 +18,12 @@ from torch import nn
 
 from models.resnet import HETERO_CYCLE, build_model
 from pipeline.comm import Ledger
-from pipeline.config import Params
 from pipeline.data import ImageDataset
 from pipeline.partition import Partition
 from pipeline.seeds import torch_generator
+
+if TYPE_CHECKING:  # the training core runs without the config library (bench/gpu_check.sh)
+    from pipeline.config import Params
 
 
 def to_tensor(images: np.ndarray) -> torch.Tensor:

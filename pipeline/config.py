@@ -19,8 +19,8 @@ DATASETS = ("fashion_mnist", "mnist", "cifar10")
 ENCODERS = ("hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
 
 
-class ConfigError(ValueError):
-    """A params.yaml problem; the message names the key, the value and what is allowed."""
+from pipeline.algorithms import REGISTRY
+from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
 
 
 class _Section(BaseModel):
@@ -86,15 +86,14 @@ class IndexParams(_Section):
         return db_url
 
 
-ALGORITHMS = ("fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt")
-AlgorithmName = Literal["fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt"]
-MODELS = ("resnet8", "resnet16", "resnet20")
-# methods that average model parameters (their classes say homogeneous_only = True)
-HOMOGENEOUS_ONLY = ("fedavg", "pdfl", "fedalt")
+# The methods, as the registry declares them (each method's module says whether it needs one architecture).
+ALGORITHMS = tuple(REGISTRY)
+AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
+HOMOGENEOUS_ONLY = tuple(name for name, method in REGISTRY.items() if method.homogeneous_only)
 
 
 class TrainParams(_Section):
-    algorithms: list[AlgorithmName] = ["fedcache", "fd", "fedavg", "fedproto", "local"]
+    algorithms: list[AlgorithmName] = list(ALGORITHMS)
     hetero_algorithms: list[AlgorithmName] = []
     rounds: int = Field(30, ge=1)
     eval_every: int = Field(1, ge=1)

@@ -26,6 +26,7 @@ import uuid
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,13 +34,15 @@ import torch
 from pipeline import checkpoint
 from pipeline.clients import Context, build_clients
 from pipeline.comm import DOWN, SETUP_ROUND, UP, Ledger, Payload
-from pipeline.config import Params
 from pipeline.data import ImageDataset
 from pipeline.devices import resolve_device
 from pipeline.executors import SequentialExecutor, VectorizedExecutor
 from pipeline.partition import Partition
-from pipeline.results import ResultsDB
 from pipeline.seeds import rng
+
+if TYPE_CHECKING:  # the training core runs without the service libraries (bench/gpu_check.sh)
+    from pipeline.config import Params
+    from pipeline.results import ResultsDB
 
 
 class Timer:

@@ -98,7 +98,7 @@ class GroupRun:
     """One group of same-architecture clients training together for one round."""
 
     def __init__(self, clients: list[Client], targets: list[dict[str, torch.Tensor]], local: LocalUpdate,
-                 round_: int, exchange: Exchange, channels_last: bool):
+                 round_: int, exchange: Exchange):
         from pipeline.grouped import GroupedModel, GroupedSGD
 
         t = local.params.train
@@ -107,7 +107,7 @@ class GroupRun:
         order = sorted(range(len(clients)), key=lambda i: -clients[i].num_train)
         self.clients = [clients[i] for i in order]
         self.targets = [targets[i] for i in order]
-        self.model = GroupedModel([c.model for c in self.clients], channels_last=channels_last)
+        self.model = GroupedModel([c.model for c in self.clients])
         self.model.load_from([c.model for c in self.clients], [c.optimizer for c in self.clients])
         self.opt = GroupedSGD(self.model, t.lr, t.momentum, t.weight_decay)
         # every client's samples in one table, plus one padding row at the end
@@ -201,9 +201,8 @@ def _with_pad_row(parts: list[torch.Tensor]) -> torch.Tensor:
 class VectorizedExecutor:
     name = "vectorized"
 
-    def __init__(self, group_size: int, channels_last: bool = True):
+    def __init__(self, group_size: int):
         self.group_size = group_size
-        self.channels_last = channels_last
 
     def groups(self, clients: list[Client]) -> list[list[Client]]:
         """Clients by architecture, similar sizes together (fewer idle slots), chunked to group_size."""
@@ -218,8 +217,15 @@ class VectorizedExecutor:
 
     def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
             exchange: Exchange) -> dict[int, Upload]:
+        from pipeline.grouped import supports
+
         local = method.client
         clients = [method.ctx.clients[k] for k in selected]
+        # a model the grouped network cannot express (a custom architecture) trains on its own
+        alone = {c.id for c in clients if supports(c.model) is not None}
+        finished_alone = {c.id: SequentialExecutor.run_client(method, c, downloads[c.id], round_, exchange)
+                          for c in clients if c.id in alone}
+        clients = [c for c in clients if c.id not in alone]
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}
         groups = self.groups(clients)
         finished: dict[int, tuple] = {}
@@ -227,7 +233,7 @@ class VectorizedExecutor:
         # otherwise a group trains its whole round alone, so only one grouped network is alive at a time.
         batches = [groups] if local.uses_exchange else [[g] for g in groups]
         for together in batches:
-            runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, exchange, self.channels_last) for g in together]
+            runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, exchange) for g in together]
             for phase in local.phases(round_):
                 steps = max(run.plan(phase) for run in runs)
                 for s in range(steps):
@@ -236,4 +242,4 @@ class VectorizedExecutor:
                     method.end_step()
             for run in runs:
                 finished.update(run.finish())
-        return {k: local.end(*finished[k], round_) for k in selected}
+        return {k: finished_alone[k] if k in alone else local.end(*finished[k], round_) for k in selected}

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.config import PartitionParams
 from pipeline.seeds import rng
+
+if TYPE_CHECKING:  # the training core runs without the config library (bench/gpu_check.sh)
+    from pipeline.config import PartitionParams
 
 
 class PartitionError(ValueError):

@@ -22,16 +22,21 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
-from pipeline.config import ConfigError, PDFLParams
+from pipeline.errors import ConfigError
 from pipeline.seeds import rng
+
+if TYPE_CHECKING:
+    from pipeline.config import PDFLParams
 
 
 def is_connected(adjacency: np.ndarray) -> bool:
     n = len(adjacency)
+    import networkx as nx  # here, so the training core imports without it
+
     return n <= 1 or nx.is_connected(nx.from_numpy_array(adjacency.astype(np.int8)))
 
 

@@ -106,7 +106,22 @@ def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
     assert 0 <= summary["maua"] <= 1
 
 
-def test_homogeneous_only_methods_agree_with_the_config():
-    from pipeline.config import HOMOGENEOUS_ONLY
+@pytest.mark.parametrize("name", [n for n, cls in REGISTRY.items() if cls.homogeneous_only])
+def test_config_refuses_homogeneous_only_methods_in_heterogeneous_runs(name):
+    from conftest import tiny_params_raw
+    from pipeline.config import parse_params
 
-    assert {name for name, cls in REGISTRY.items() if cls.homogeneous_only} == set(HOMOGENEOUS_ONLY)
+    with pytest.raises(ConfigError, match=f"train.hetero_algorithms.*{name} averages model parameters"):
+        parse_params(tiny_params_raw({"train": {"hetero_algorithms": [name]}}))
+
+
+def test_every_registered_method_has_its_params_section():
+    import yaml
+
+    from conftest import REPO_ROOT
+    from pipeline.config import Params
+
+    documented = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    for name in REGISTRY:
+        assert name in Params.model_fields, f"pipeline/config.py has no `{name}` section"
+        assert name in documented, f"params.yaml has no `{name}:` block"

@@ -8,4 +8,4 @@ from pipeline.algorithms.fedproto import FedProto
 from pipeline.algorithms.local import LocalOnly
 from pipeline.algorithms.pdfl import PDFL
 
-REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, LocalOnly, FedAlt, FedProto, PDFL)}
+REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, FedProto, LocalOnly, PDFL, FedAlt)}

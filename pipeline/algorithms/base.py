@@ -23,13 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from pipeline.comm import Payload
-from pipeline.config import ConfigError, Params
+from pipeline.errors import ConfigError
 from pipeline.clients import Client, Context, evaluate
+
+if TYPE_CHECKING:
+    from pipeline.config import Params
 
 
 @dataclass(frozen=True)

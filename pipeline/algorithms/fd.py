@@ -38,7 +38,7 @@ def client_classes(client: Client, num_classes: int) -> torch.Tensor:
 class FDClient(LocalUpdate):
     def begin(self, client, download, round_):
         C = self.num_classes
-        table = torch.full((C, C), float("nan"))
+        table = torch.full((C, C), float("nan"), dtype=torch.float32)  # class logits travel as float32
         for p in download:
             table[p.arrays["class_ids"]] = p.arrays["logits"]
         return {"teacher": table.to(client.y_train.device)[client.y_train]}  # each sample's class teacher
@@ -56,7 +56,7 @@ class FDClient(LocalUpdate):
         sums = torch.zeros(C, C, device=logits.device).index_add_(0, y, logits)
         counts = torch.bincount(y, minlength=C)
         mine = torch.nonzero(counts > 0).flatten()
-        means = (sums[mine] / counts[mine].unsqueeze(1)).cpu()
+        means = (sums[mine] / counts[mine].unsqueeze(1)).float().cpu()  # sent as float32
         return Upload([Payload("class_logits", {"class_ids": mine.cpu(), "logits": means})])
 
 
@@ -68,7 +68,7 @@ class FD(Method):
         super().__init__(ctx)
         K, C = len(ctx.clients), ctx.num_classes
         # the server's view: each client's latest per-class mean logits, and the classes each client has
-        self.means = torch.zeros(K, C, C)
+        self.means = torch.zeros(K, C, C, dtype=torch.float32)
         self.held = torch.zeros(K, C, dtype=torch.bool)
         self.classes = [client_classes(c, C) for c in ctx.clients]
 

@@ -29,6 +29,7 @@ the per-exit means are stored as round metrics `acc_exit1`, `acc_exit2`, `acc_ex
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,9 +38,11 @@ from pipeline.algorithms.base import LocalUpdate, Method, Upload
 from pipeline.algorithms.fedavg import weighted_average
 from pipeline.clients import Context
 from pipeline.comm import Payload
-from pipeline.config import FedAltParams
 from pipeline.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
+
+if TYPE_CHECKING:
+    from pipeline.config import FedAltParams
 
 
 def blocks_sent(cfg: FedAltParams, seed: int, round_: int, client: int) -> int:

@@ -29,7 +29,6 @@ import torch
 
 from pipeline import paths
 from pipeline.algorithms.base import LocalUpdate, Method, Upload
-from pipeline.cache import store
 from pipeline.cache.knowledge import KnowledgeCache
 from pipeline.clients import Context
 from pipeline.comm import Payload
@@ -76,16 +75,30 @@ class FedCache(Method):
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.p = ctx.params.fedcache
-        source_db = ctx.params.cache_db_path
-        relations = store.read_relations(source_db)  # the server's IR map
-        if len(relations) != ctx.partition.num_train:
-            raise store.CacheStoreError(f"{source_db} holds {len(relations)} samples, the partition {ctx.partition.num_train}: "
-                                        "rerun dvc repro index")
+        relations = self.load_relations()  # the server's IR map
         self.cache = KnowledgeCache(torch.from_numpy(relations), ctx.num_classes, self.p.consistency, self.p.cold_start)
-        # The run keeps its own copy of the cache DB: the index stage's output stays untouched.
-        self.db_path = ctx.run_dir / "cache.db"
-        shutil.copyfile(source_db, self.db_path)
-        self.db = store.engine_for(self.db_path)
+        self.db = self.open_store()
+
+    # The SQL store (SQLAlchemy) is imported where it is used, so the training core runs without it
+    # (bench/gpu_check.sh overrides these two on a machine with torch and numpy only).
+
+    def load_relations(self) -> np.ndarray:
+        from pipeline.cache import store
+
+        source_db = self.ctx.params.cache_db_path
+        relations = store.read_relations(source_db)
+        if len(relations) != self.ctx.partition.num_train:
+            raise store.CacheStoreError(f"{source_db} holds {len(relations)} samples, the partition "
+                                        f"{self.ctx.partition.num_train}: rerun dvc repro index")
+        return relations
+
+    def open_store(self):
+        """The run's own copy of the cache DB (the index stage's output stays untouched)."""
+        from pipeline.cache import store
+
+        db_path = self.ctx.run_dir / "cache.db"
+        shutil.copyfile(self.ctx.params.cache_db_path, db_path)
+        return store.engine_for(db_path)
 
     @classmethod
     def inputs(cls):
@@ -133,8 +146,10 @@ class FedCache(Method):
         self._persist(self.cache.updated_in == round_)
 
     def _persist(self, mask: torch.Tensor) -> None:
+        from pipeline.cache import store
+
         ids = torch.nonzero(mask).flatten()
-        if len(ids):
+        if self.db is not None and len(ids):
             store.write_knowledge(self.db, ids.numpy(), self.cache.logits[ids].numpy(), self.cache.updated_in[ids].numpy())
 
     def state_dict(self) -> dict:

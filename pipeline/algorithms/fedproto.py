@@ -64,7 +64,7 @@ from torch import nn
 from pipeline.algorithms.base import LocalUpdate, Method, Upload
 from pipeline.clients import Context
 from pipeline.comm import Payload
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.losses import ce_rows
 from pipeline.seeds import torch_generator
 
@@ -201,7 +201,7 @@ class FedProtoClient(LocalUpdate):
 
     def begin(self, client, download, round_):
         dim = prototype_dim(self.p, client.model)
-        table = torch.zeros(self.num_classes, dim)
+        table = torch.zeros(self.num_classes, dim, dtype=torch.float32)  # prototypes travel as float32
         has = torch.zeros(self.num_classes)
         for p in download:  # nothing arrives before the first upload
             table[p.arrays["class_ids"]] = p.arrays["prototypes"]
@@ -298,11 +298,11 @@ class FedProto(Method):
         self.held[k].zero_()
         self.counts[k].zero_()
         self.accuracy[k].zero_()
-        self.protos[k, ids] = new
+        self.protos[k, ids] = new.to(self.protos.dtype)
         self.held[k, ids] = True
         self.counts[k, ids] = arrays["counts"]
         if "accuracies" in arrays:
-            self.accuracy[k, ids] = arrays["accuracies"]
+            self.accuracy[k, ids] = arrays["accuracies"].to(self.accuracy.dtype)
 
     # -- evaluation ------------------------------------------------------------------
 
@@ -316,7 +316,7 @@ class FedProto(Method):
             n = len(c.y_test)
             acc_cls = float((logits.argmax(1) == c.y_test).sum()) / n if n else float("nan")
             if len(classes) and n:
-                pred = classes[torch.cdist(z, protos).argmin(dim=1)]
+                pred = classes[torch.cdist(z, protos.to(z.dtype)).argmin(dim=1)]
                 acc_proto = float((pred == c.y_test).sum()) / n
             else:
                 # no global prototypes yet (round 0 / before any upload): nothing to compare

@@ -1,0 +1,133 @@
+"""FedCache rounds with torch and numpy alone, for the executor benchmarks (here and on a GPU).
+
+A bare GPU machine has none of the service libraries (no pydantic, SQLAlchemy, faiss, DuckDB),
+so this builds what the pipeline's stages would (a Dirichlet partition, hashes, per-label
+neighbours) with numpy/torch and runs the library's own round (`pipeline.engine.run_round`)
+with the library's FedCache, executors and clients. What differs from a pipeline run, and
+does not change a round's cost: the hash is a seeded random projection of the pixels (not
+HOG), neighbours come from an exact torch top-k per label (not faiss), and the knowledge
+table is not written to SQLite. The settings are written out here (batch 8, lr 0.01,
+momentum 0.9, weight decay 5e-4, beta 1.5, T 3, R 16: params.yaml's defaults).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline.algorithms.fedcache import FedCache  # noqa: E402
+from pipeline.clients import Context, build_clients  # noqa: E402
+from pipeline.comm import Ledger  # noqa: E402
+from pipeline.data import ImageDataset, load_dataset  # noqa: E402
+from pipeline.engine import Timer, run_round  # noqa: E402
+from pipeline.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
+from pipeline.partition import Partition, make_partition  # noqa: E402
+
+SETTINGS = {
+    # the official code's setting: K = 20 over all 60,000 FashionMNIST samples, A1/A2/A3 by client index
+    "official": dict(num_clients=20, hetero=True, model="resnet8"),
+    # the paper's: K = 300, ResNet-20 (A3) on every client
+    "paper": dict(num_clients=300, hetero=False, model="resnet20"),
+    # a small one for quick checks
+    "small": dict(num_clients=20, hetero=False, model="resnet8", samples_per_client=100),
+}
+
+
+def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -> SimpleNamespace:
+    train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
+                            eval_batch_size=512, model=model, group_size=group_size, executor="vectorized")
+    fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip")
+    return SimpleNamespace(seed=seed, train=train, fedcache=fedcache)
+
+
+def load_data(synthetic: bool) -> ImageDataset:
+    """FashionMNIST (data/raw or the Debian package), or random images of its shape and size."""
+    if not synthetic:
+        try:
+            return load_dataset("fashion_mnist", ROOT / "data" / "raw")
+        except Exception as err:  # noqa: BLE001 - said, then the synthetic stand-in
+            print(f"FashionMNIST not found ({type(err).__name__}); using synthetic data of its shape", flush=True)
+    gen = np.random.default_rng(0)
+    return ImageDataset(name="synthetic", train_x=gen.integers(0, 256, (60000, 28, 28), dtype=np.uint8),
+                        train_y=gen.integers(0, 10, 60000).astype(np.int64),
+                        test_x=gen.integers(0, 256, (10000, 28, 28), dtype=np.uint8),
+                        test_y=gen.integers(0, 10, 10000).astype(np.int64),
+                        classes=tuple(str(c) for c in range(10)), source="synthetic")
+
+
+def relations_by_label(images: np.ndarray, labels: np.ndarray, R: int, dim: int = 128) -> np.ndarray:
+    """[N, R] ids of each sample's R most similar same-label samples (cosine of a random projection)."""
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.from_numpy(images.reshape(len(images), -1)).float()
+    codes = torch.nn.functional.normalize(flat @ torch.randn(flat.shape[1], dim, generator=gen), dim=1)
+    out = np.zeros((len(labels), R), dtype=np.int64)
+    for c in np.unique(labels):
+        ids = torch.from_numpy(np.flatnonzero(labels == c))
+        z = codes[ids]
+        for start in range(0, len(ids), 2048):
+            sim = z[start:start + 2048] @ z.T
+            rows = torch.arange(start, min(start + 2048, len(ids)))
+            sim[rows - start, rows] = -2.0  # never a sample's own neighbour
+            out[ids[rows].numpy()] = ids[sim.topk(R, dim=1).indices].numpy()
+    return out
+
+
+class HarnessFedCache(FedCache):
+    """The library's FedCache with relations given in memory and no SQL store."""
+
+    relations: np.ndarray
+
+    def load_relations(self) -> np.ndarray:
+        return self.relations
+
+    def open_store(self):
+        return None
+
+    def setup(self):
+        return {}  # the one-time hash upload is not part of a round's cost
+
+
+def build(setting: str, executor: str, consistency: str, device: str, group_size: int, synthetic: bool,
+          seed: int = 0) -> tuple[HarnessFedCache, object, Partition]:
+    s = SETTINGS[setting]
+    ds = load_data(synthetic)
+    part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
+                                  samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
+                                  max_retries=100)
+    part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)
+    params = bench_params(s["model"], consistency, group_size, seed)
+    dev = torch.device(device)
+    clients = build_clients(params, part, ds, dev, s["hetero"])
+    HarnessFedCache.relations = relations_by_label(ds.train_x[part.train_index], part.train_labels, 16)
+    ctx = Context(params, clients, Ledger(), part, dev, Path("/tmp"), ds.num_classes, s["hetero"])
+    method = HarnessFedCache(ctx)
+    ex = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(group_size)
+    return method, ex, part
+
+
+def timed_rounds(method, executor, rounds: int, device: str) -> list[float]:
+    """Seconds of each round (downloads, local training, uploads, aggregation; no evaluation)."""
+    out = []
+    selected = list(range(len(method.ctx.clients)))
+    for r in range(1, rounds + 1):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run_round(method, executor, r, selected, Timer())
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def mean_accuracy(method) -> float:
+    rows, _ = method.evaluate(0)
+    return float(np.mean([a for _, a, _ in rows]))
