@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from pipeline.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
 
 
 def one_run(args) -> dict:
@@ -50,8 +53,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setting", choices=["official", "paper", "small"], default="official")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of each run (default 1)")
-    ap.add_argument("--seq-threads", type=int, default=None, help="threads of the sequential run (default --threads)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of every run (default: each executor's own, 1 sequential, all cores vectorized)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--group-size", type=int, default=32)
     ap.add_argument("--consistency", choices=["round", "step"], default="round")
@@ -68,7 +71,7 @@ def main() -> None:
           f"consistency {args.consistency}", flush=True)
     results = []
     for name in args.executors:
-        threads = args.seq_threads if (name == "sequential" and args.seq_threads) else args.threads
+        threads = args.threads or (SequentialExecutor.threads if name == "sequential" else VectorizedExecutor.threads)
         rounds = args.seq_rounds if (name == "sequential" and args.seq_rounds) else args.rounds
         consistency = "round" if (name == "sequential" and args.consistency == "step") else args.consistency
         cmd = [sys.executable, str(Path(__file__)), "--setting", args.setting, "--rounds", str(rounds),

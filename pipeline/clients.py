@@ -88,14 +88,19 @@ def build_clients(params: Params, part: Partition, ds: ImageDataset, device: tor
 
 def batch_order(client: Client, round_: int, params: Params, stream: int = 0) -> list[torch.Tensor]:
     """The local sample indices of each of a client's batches in one pass (train.local_epochs
-    epochs), seeded by (round, client, pass): nothing depends on loader or executor order. The
-    last partial batch of an epoch is kept."""
+    epochs), seeded by (round, client, pass): nothing depends on loader or executor order.
+
+    No sample is dropped: when the batch size does not divide the client's samples, the
+    epoch's *first* batch is the partial one. Then every client's partial batch falls on the
+    same step of the vectorized executor (the only step that needs masked statistics), rather
+    than on a different last step for each client size."""
     t = params.train
+    n, b = client.num_train, t.batch_size
+    sizes = ([n % b] if n % b else []) + [b] * (n // b)
     out = []
     for epoch in range(t.local_epochs):
         gen = torch_generator(params.seed, "batches", round_, client.id, stream * t.local_epochs + epoch)
-        order = torch.randperm(client.num_train, generator=gen)
-        out += list(torch.split(order, t.batch_size))
+        out += list(torch.split(torch.randperm(n, generator=gen), sizes))
     return out
 
 

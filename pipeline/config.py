@@ -106,7 +106,7 @@ class TrainParams(_Section):
     model: Literal["resnet8", "resnet16", "resnet20"] = "resnet8"
     eval_batch_size: int = Field(512, ge=1)
     checkpoint_every: int = Field(1, ge=1)
-    threads: int = Field(1, ge=1)
+    threads: int | None = Field(None, ge=1)
     executor: Literal["sequential", "vectorized"] = "vectorized"
     group_size: int = Field(32, ge=1)
 

@@ -129,7 +129,8 @@ def make_executor(params: Params, method_cls) -> SequentialExecutor | Vectorized
 class Trainer:
     def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
                  checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False):
-        torch.set_num_threads(params.train.threads)
+        self.executor = make_executor(params, algorithm_cls)
+        torch.set_num_threads(params.train.threads or self.executor.threads)
         self.params = params
         self.device = resolve_device(params.device)
         self.results = results
@@ -142,7 +143,6 @@ class Trainer:
                            run_dir, ds.num_classes, hetero)
         self.timer = Timer()
         self.algorithm = algorithm_cls(self.ctx)
-        self.executor = make_executor(params, algorithm_cls)
         inputs = algorithm_cls.inputs() if input_files is None else input_files
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
         self.run_id = ""

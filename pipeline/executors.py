@@ -18,6 +18,7 @@ engine supplies: it records the payloads in the ledger and asks the method's ser
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable
@@ -51,6 +52,7 @@ def _stack_records(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torc
 
 class SequentialExecutor:
     name = "sequential"
+    threads = 1  # default torch threads: at batch 8 a second thread slows one small model down
 
     def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
             exchange: Exchange) -> dict[int, Upload]:
@@ -200,6 +202,7 @@ def _with_pad_row(parts: list[torch.Tensor]) -> torch.Tensor:
 
 class VectorizedExecutor:
     name = "vectorized"
+    threads = os.cpu_count() or 1  # default torch threads: a grouped step is big enough to use every core
 
     def __init__(self, group_size: int):
         self.group_size = group_size

@@ -87,6 +87,13 @@ def mnist():
 def tiny_workspace(tmp_path, monkeypatch, mnist):
     """A working directory with params.yaml and the partition/encode/index outputs of a tiny
     MNIST setting (3 clients x 30 samples, R=3), built with the library (no Prefect)."""
+    monkeypatch.chdir(tmp_path)
+    return make_workspace(tmp_path, mnist)
+
+
+def make_workspace(tmp_path, mnist, overrides: dict | None = None):
+    """params.yaml (the tiny setting with `overrides`) and the partition/encode/index outputs in
+    tmp_path, the current directory; returns (tmp_path, params, partition)."""
     from pipeline import paths
     from pipeline.cache.neighbours import build_relations
     from pipeline.cache.store import create_cache
@@ -94,8 +101,7 @@ def tiny_workspace(tmp_path, monkeypatch, mnist):
     from pipeline.encoder import build_encoder, encode
     from pipeline.partition import make_partition
 
-    monkeypatch.chdir(tmp_path)
-    raw = tiny_params_raw()
+    raw = tiny_params_raw(overrides)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     params = parse_params(raw)
     part = make_partition(mnist.train_y, mnist.test_y, mnist.num_classes, params.partition, params.seed)

@@ -21,7 +21,7 @@ from pipeline.engine import Trainer
 from pipeline.executors import SequentialExecutor, VectorizedExecutor
 from pipeline.results import ResultsDB
 
-from conftest import tiny_params_raw
+from conftest import make_workspace, tiny_params_raw
 
 
 @pytest.fixture
@@ -94,9 +94,12 @@ def test_step_consistency_needs_the_vectorized_executor():
         parse_params(raw)
 
 
-def test_step_and_live_both_learn(tiny_workspace, mnist):
-    """Lockstep reads differ from live reads, so runs differ; both must learn, and land close."""
-    _, params, part = tiny_workspace
+def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
+    """Lockstep reads differ from live reads, so runs differ; both must learn, and land close
+    (3 clients x 200 samples, about 40 test samples each, 8 rounds)."""
+    monkeypatch.chdir(tmp_path)
+    _, params, part = make_workspace(tmp_path, mnist, {"partition": {"num_clients": 3, "samples_per_client": 200,
+                                                                     "min_samples": 5}})
     params = _with(params, "train", rounds=8)
     live = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedcache", "sequential")
     step = _trainer(_with(params, "fedcache", consistency="step"), part, mnist, "fedcache", "vectorized")
