@@ -51,7 +51,7 @@ def one_run(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setting", choices=["official", "paper", "small"], default="official")
+    ap.add_argument("--setting", choices=["official", "paper", "default", "small"], default="official")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of every run (default: each executor's own, 1 sequential, all cores vectorized)")

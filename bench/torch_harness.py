@@ -36,6 +36,8 @@ SETTINGS = {
     "official": dict(num_clients=20, hetero=True, model="resnet8"),
     # the paper's: K = 300, ResNet-20 (A3) on every client
     "paper": dict(num_clients=300, hetero=False, model="resnet20"),
+    # params.yaml's default: K = 30 x 200 samples, ResNet-8
+    "default": dict(num_clients=30, hetero=False, model="resnet8", samples_per_client=200),
     # a small one for quick checks
     "small": dict(num_clients=20, hetero=False, model="resnet8", samples_per_client=100),
 }
