@@ -2,11 +2,12 @@
 
     streamlit run dashboard/app.py --server.address 127.0.0.1 -- --results-db results/results.duckdb
 
-Layout only; the data comes from dashboard.data (results DB) and dashboard.stages (partition,
-knowledge cache, params). The sidebar picks runs; the views below live in one fragment that
-re-reads the results DB every few seconds (read-only, a few milliseconds per read), so a
-training stage writing rounds shows up without a reload, and a locked file just means the
-previous snapshot stays on screen for one more refresh.
+Layout only; the data comes from dashboard.data (the results index plus the per-run files of
+stages that ran since it was built) and dashboard.stages (partition, knowledge cache, params).
+The sidebar picks runs; the views below live in one fragment that re-reads the results every
+few seconds (read-only, a few milliseconds per read), so a training stage writing rounds shows
+up without a reload, and a locked file just means the previous snapshot stays on screen for one
+more refresh. A damaged file is named, with the command that makes it again.
 """
 
 from __future__ import annotations
@@ -78,12 +79,12 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float]:
                               f"{' · running' if info.at[r, 'status'] == 'running' else ''}")
     sb.header("Display")
     include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
-                              help="Round 0: the hash upload of FedCache (kind 'hashes'). Off: training traffic only.")
+                              help="Round 0's traffic (FedCache: the hash upload). Off: training traffic only.")
     auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh")
     every = sb.number_input("every (s)", min_value=1, max_value=600, value=max(1, round(cfg.refresh_s or 5)), step=1,
                             key="refresh_s", disabled=not auto)
     sb.button("Refresh now")
-    sb.caption(f"Results: `{cfg.results_db}` (read-only)")
+    sb.caption(f"Results: `{cfg.results_db}` and what changed since in `{cfg.run_files_dir}` (read-only)")
     return chosen, include_setup, (every if auto else 0.0)
 
 
@@ -99,7 +100,7 @@ def _stage_params(snap: data.Snapshot, ids: list[str]) -> dict:
 
 def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | None]:
     try:
-        snap = data.load_snapshot(cfg.results_db, ids, cfg.lock_timeout_s)
+        snap = data.load_snapshot(cfg.results_db, ids, cfg.lock_timeout_s, cfg.run_files_dir)
     except data.ResultsBusy as err:
         prev = st.session_state.get("_snapshot")
         if prev is None:
@@ -112,6 +113,9 @@ def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | Non
 def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool) -> None:
     try:
         snap, stale = read_snapshot(cfg, ids)
+    except data.ResultsDamaged as err:
+        st.error(str(err))
+        return
     except data.ResultsUnavailable as err:
         st.warning(f"{err} Retrying…")
         return
@@ -150,10 +154,14 @@ def main() -> None:
     cfg = load_config(sys.argv[1:])
     st.title("FedCache: accuracy and bytes communicated")
     try:
-        runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s)
+        runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s, cfg.run_files_dir)
         st.session_state["_runs"] = runs
     except data.NoResults as err:
         st.info(str(err))
+        retry_soon(cfg.refresh_s)
+        return
+    except data.ResultsDamaged as err:
+        st.error(str(err))
         retry_soon(cfg.refresh_s)
         return
     except data.ResultsUnavailable as err:
@@ -164,7 +172,7 @@ def main() -> None:
             return
     if runs.empty:
         st.info(f"`{cfg.results_db}` has no runs yet: start a training stage (`make run` or "
-                "`python -m flows.train fedcache`); they appear here as soon as their first round is written.")
+                "`.venv/bin/python -m flows.train fedcache`); they appear here as soon as their first round is written.")
         retry_soon(cfg.refresh_s)
         return
     ids, include_setup, every = sidebar(cfg, runs)

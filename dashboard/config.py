@@ -2,7 +2,8 @@
 then the pipeline's default paths (relative to the working directory, the repo root under
 `make dashboard`).
 
-    FEDCACHE_RESULTS_DB        results DuckDB file            (default results/results.duckdb)
+    FEDCACHE_RESULTS_DB        results index (DuckDB)         (default results/results.duckdb)
+    FEDCACHE_RUNS_DIR          per-run results <dir>/*/run.duckdb (default: runs/ next to the index)
     FEDCACHE_PARTITION_DIR     partition.npz + stats.json     (default data/partition)
     FEDCACHE_CACHE_DB          knowledge cache SQLite file    (default: the run's index.db_url)
     FEDCACHE_DATA_ROOT         dataset root                   (default: the run's data.root)
@@ -21,6 +22,7 @@ from pipeline import paths
 
 ENV = {
     "results_db": "FEDCACHE_RESULTS_DB",
+    "runs_dir": "FEDCACHE_RUNS_DIR",
     "partition_dir": "FEDCACHE_PARTITION_DIR",
     "cache_db": "FEDCACHE_CACHE_DB",
     "data_root": "FEDCACHE_DATA_ROOT",
@@ -37,6 +39,11 @@ class Config:
     data_root: Path | None  # None: take it from the run's params (data.root)
     refresh_s: float
     lock_timeout_s: float = 2.0
+    runs_dir: Path | None = None  # the per-run results files; None: <results_db dir>/runs
+
+    @property
+    def run_files_dir(self) -> Path:
+        return self.runs_dir if self.runs_dir is not None else self.results_db.parent / paths.RUNS.name
 
     @property
     def stats_path(self) -> Path:
@@ -51,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     # allow_abbrev=False and no positionals: under AppTest sys.argv is pytest's, which must pass through.
     p = argparse.ArgumentParser(prog="dashboard", allow_abbrev=False, add_help=False)
     p.add_argument("--results-db")
+    p.add_argument("--runs-dir")
     p.add_argument("--partition-dir")
     p.add_argument("--cache-db")
     p.add_argument("--data-root")
@@ -79,4 +87,5 @@ def load_config(argv: list[str] | None = None, env: dict[str, str] | None = None
         data_root=Path(v) if (v := pick("data_root")) else None,
         refresh_s=seconds("refresh_s", 5.0),
         lock_timeout_s=seconds("lock_timeout_s", 2.0),
+        runs_dir=Path(v) if (v := pick("runs_dir")) else None,
     )

@@ -1,10 +1,18 @@
-"""Reading the results DuckDB for the dashboard: pure functions, no Streamlit.
+"""Reading the results for the dashboard: pure functions, no Streamlit.
 
-The trainer opens the file for each round's write and closes it; while it holds it, DuckDB
-refuses any other process (even read-only). So every read here opens the file read-only,
-reads everything one view needs in one go, and closes it at once (milliseconds, so the
-trainer's own retry loop barely notices), and a lock is retried briefly before giving up
-with `ResultsBusy` (the app then keeps showing its previous snapshot).
+The results are the index `results/results.duckdb` (rebuilt by the report stage) and each
+training stage's own `results/runs/<name>/run.duckdb` (pipeline.results). A read takes the index
+plus every per-run file that changed since the index was built (a stage running now, or one that
+finished after the last report), the per-run file's rows replacing the index's for its run: one
+in-memory DuckDB connection attaches them read-only and its views `runs`, `rounds`,
+`client_rounds`, `comm` combine them.
+
+The trainer opens its file for each round's write and closes it; while it holds it, DuckDB
+refuses any other process (even read-only). So every read attaches the files, reads everything
+one view needs in one go, and closes them at once (milliseconds, so the trainer's own retry loop
+barely notices); a lock is retried briefly before giving up with `ResultsBusy` (the app then
+keeps showing its previous snapshot). A damaged file raises `ResultsDamaged`, naming the file and
+the command that makes it again.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from typing import Iterator
 import duckdb
 import pandas as pd
 
+from pipeline import paths
 from pipeline.compare import RunSeries, comparison
+from pipeline.results import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
 
 
 class ResultsUnavailable(Exception):
@@ -28,48 +38,99 @@ class ResultsUnavailable(Exception):
 
 
 class NoResults(ResultsUnavailable):
-    """No database file (nothing has run yet)."""
+    """No index and no per-run file (nothing has run yet)."""
 
 
 class ResultsBusy(ResultsUnavailable):
-    """The file stayed locked by a writer (a training round) for the whole retry window."""
+    """A file stayed locked by a writer (a training round) for the whole retry window."""
 
 
-RUN_COLUMNS = ["run_id", "algorithm", "dataset", "setting", "params", "git_rev", "started_at", "finished_at", "status"]
+class ResultsDamaged(ResultsUnavailable):
+    """A file is damaged or not a results file; the message names it and the command that rebuilds it."""
+
+
+def _changed_ns(path: Path) -> int:
+    """When a DuckDB file last changed (its write-ahead log included); 0 if it is gone."""
+    times = []
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            times.append(p.stat().st_mtime_ns)
+        except FileNotFoundError:
+            pass
+    return max(times, default=0)
+
+
+def live_run_files(index: Path, runs_dir: Path) -> list[Path]:
+    """The per-run files the index may not hold as they are now: every one changed since the index
+    was built (rebuild_index dates the index to when it read them), all of them without an index."""
+    try:
+        built = Path(index).stat().st_mtime_ns
+    except FileNotFoundError:
+        built = -1
+    return [f for f in run_files(runs_dir) if _changed_ns(f) > built]
+
+
+def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str]) -> None:
+    """Temp views runs/rounds/... over the attached catalogs: the index's rows of the runs no live
+    file holds, then every live file's rows (an empty typed table underneath gives every column)."""
+    con.execute("CREATE SCHEMA empty")
+    con.execute("USE memory.empty")
+    con.execute(RUN_SCHEMA)
+    con.execute("USE memory.main")
+    have = {c: {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+                                          "AND schema_name = 'main'", [c]).fetchall()} for c in [index, *live] if c}
+    fresh = " UNION ".join(f"SELECT run_id FROM {c}.runs" for c in live if "runs" in have[c])
+    for table in TABLES:
+        parts = [f"SELECT * FROM empty.{table}"]
+        for c in [index, *live]:
+            if c and table in have[c]:
+                where = f" WHERE run_id NOT IN ({fresh})" if c == index and fresh else ""
+                parts.append(f"SELECT * FROM {c}.{table}{where}")
+        con.execute(f"CREATE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
 
 
 @contextmanager
-def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection, retried while a writer holds the file; closed on exit."""
+def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
+                     runs_dir: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection whose views combine the index `path` and its live per-run files (runs_dir,
+    default <index dir>/runs), attached read-only and retried while a writer holds one; closed on exit."""
     path = Path(path)
-    if not path.is_file():
-        raise NoResults(f"No results database at `{path}` yet. Run the pipeline first (`make run`), "
-                        "or point the dashboard at one with FEDCACHE_RESULTS_DB / --results-db.")
+    runs_dir = Path(runs_dir) if runs_dir is not None else path.parent / paths.RUNS.name
+    live = live_run_files(path, runs_dir)
+    if not path.is_file() and not live:
+        raise NoResults(f"No results database at `{path}` yet (nor per-run results in `{runs_dir}`). Run the "
+                        "pipeline first (`make run`), or point the dashboard at one with FEDCACHE_RESULTS_DB / "
+                        "--results-db.")
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            con = duckdb.connect(str(path), read_only=True)
-            break
-        except duckdb.Error as err:  # lock held by the writer, or a file still being created
-            if time.monotonic() >= deadline:
-                locked = "lock" in str(err).lower()
-                raise (ResultsBusy if locked else ResultsUnavailable)(
-                    f"`{path}` is {'locked by a writer (a training round)' if locked else 'not readable'}: "
-                    f"{str(err).splitlines()[0]}") from err
-            time.sleep(poll_s)
+    con = duckdb.connect()
+    files = ([path] if path.is_file() else []) + live
     try:
-        yield con
+        index, fresh = None, []
+        for i, f in enumerate(files):
+            try:
+                if not attach(con, f, f"src{i}", max(0.0, deadline - time.monotonic()), poll_s):
+                    continue  # gone meanwhile (a new run replacing its file)
+            except ResultsLocked as err:
+                raise ResultsBusy(f"`{f}` is locked by a writer (a training round): {err.why}") from err
+            except ResultsError as err:
+                raise ResultsDamaged(f"`{f}` is damaged or not a results file ({err.why}). To make it again, "
+                                     f"{fix(f)}.") from err
+            if f == path:
+                index = f"src{i}"
+            else:
+                fresh.append(f"src{i}")
+        _combine(con, index, fresh)
+        try:
+            yield con
+        except duckdb.Error as err:  # a file whose header reads but whose data does not
+            names = ", ".join(f"`{f}`" for f in files)
+            raise ResultsDamaged(f"Reading {names} failed ({str(err).splitlines()[0]}). To make the index again, "
+                                 f"{fix(path)}; a per-run file: re-run its stage.") from err
     finally:
         con.close()
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-
-
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    if not {"runs", "rounds"} <= _tables(con):
-        return pd.DataFrame(columns=[*RUN_COLUMNS, "n_rounds", "last_round"])
     df = con.execute(
         "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
         "r.status, count(x.round) AS n_rounds, max(x.round) AS last_round "
@@ -85,9 +146,9 @@ def run_labels(runs: pd.DataFrame) -> list[str]:
     return [lab if labels.count(lab) == 1 else str(r) for lab, r in zip(labels, runs["run_id"])]
 
 
-def load_runs(path: Path, timeout_s: float = 2.0) -> pd.DataFrame:
+def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None) -> pd.DataFrame:
     """All runs (one row each, params parsed, with n_rounds/last_round and a legend label)."""
-    with connect_readonly(path, timeout_s) as con:
+    with connect_readonly(path, timeout_s, runs_dir=runs_dir) as con:
         return _runs_frame(con)
 
 
@@ -115,15 +176,14 @@ class Snapshot:
         return hit.iloc[0] if len(hit) else run_id
 
 
-def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0) -> Snapshot:
+def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_dir: Path | None = None) -> Snapshot:
     ids = list(dict.fromkeys(run_ids))
-    with connect_readonly(path, timeout_s) as con:
+    with connect_readonly(path, timeout_s, runs_dir=runs_dir) as con:
         runs = _runs_frame(con)
-        tables = _tables(con)
         q = ", ".join("?" * len(ids)) or "NULL"
 
         def read(table: str, sql: str, columns: list[str]) -> pd.DataFrame:
-            if table not in tables or not ids:
+            if not ids:
                 return pd.DataFrame(columns=columns)
             return con.execute(sql.format(q=q), ids).df()
 
@@ -243,13 +303,3 @@ def bytes_per_round(snap: Snapshot, run_id: str) -> pd.DataFrame:
     df = snap.comm_rounds[snap.comm_rounds["run_id"] == run_id].copy()
     df["traffic"] = df["direction"] + " · " + df["kind"]
     return df[["round", "direction", "kind", "traffic", "bytes"]].reset_index(drop=True)
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "–"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-    return str(n)

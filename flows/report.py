@@ -1,4 +1,5 @@
-"""Stage 5: gather every algorithm's run -> metrics.json, a comparison table, accuracy-vs-bytes plot."""
+"""Stage 5: gather every algorithm's run -> metrics.json, a comparison table, accuracy-vs-bytes plot,
+and the results index results/results.duckdb, rebuilt from every stage's results/runs/<name>/run.duckdb."""
 
 from __future__ import annotations
 
@@ -12,36 +13,44 @@ from pipeline import paths
 from pipeline.compare import comparison
 from pipeline.config import Params, load_params
 from pipeline.report import format_table, plot_accuracy_vs_bytes, write_outputs
-from pipeline.results import ResultsDB
+from pipeline.results import ResultsDB, rebuild_index
 
 
-@task
-def gather(params: Params) -> list[dict]:
-    """The summary of every training stage of this pipeline (homogeneous, then heterogeneous)."""
-    summaries = []
+def stage_runs(params: Params) -> list[tuple[dict, str]]:
+    """(summary, results file) of every training stage of this pipeline (homogeneous, then heterogeneous)."""
+    out = []
     runs = [(a, False) for a in params.train.algorithms] + [(a, True) for a in params.train.hetero_algorithms]
     for alg, hetero in runs:
         path = paths.run_dir(alg, hetero) / "summary.json"
         if not path.exists():
-            stage = f"train-hetero@{alg}" if hetero else f"train@{alg}"
-            raise FileNotFoundError(f"{path} not found: run dvc repro {stage}")
-        summaries.append(json.loads(path.read_text()))
-    return summaries
+            raise FileNotFoundError(f"{path} not found: run dvc repro {paths.stage(alg, hetero)}")
+        out.append((json.loads(path.read_text()), str(paths.run_results(alg, hetero))))
+    return out
+
+
+def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
+    """The comparison of the gathered runs -> the index (rebuilt, with the table), metrics.json, the report files."""
+    target = params.report.target_acc.get(params.data.dataset)
+    # each run from its own stage's file (read once, used by the table and the plot)
+    runs = [ResultsDB(path).series([summary["run_id"]])[0] for summary, path in gathered]
+    rows = comparison(runs, target)
+    rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows))
+    print(rebuilt.message)
+    write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
+    plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
+    print(format_table(rows))
+    return rows
+
+
+@task
+def gather(params: Params) -> list[tuple[dict, str]]:
+    return stage_runs(params)
 
 
 @flow(name="report")
 def report_flow(params_file: str = "params.yaml") -> list[dict]:
     params = load_params(params_file)
-    summaries = gather(params)
-    db = ResultsDB(paths.RESULTS_DB)
-    target = params.report.target_acc.get(params.data.dataset)
-    runs = db.series([s["run_id"] for s in summaries])  # read once, used by the table and the plot
-    rows = comparison(runs, target)
-    db.write_comparison(",".join(s["run_id"] for s in summaries), rows)
-    write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
-    plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
-    print(format_table(rows))
-    return rows
+    return make_report(params, gather(params))
 
 
 if __name__ == "__main__":

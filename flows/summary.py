@@ -26,7 +26,8 @@ def main() -> None:
           f"{meta['same_client']}  -> {params.cache_db_path}")
     table = paths.REPORT_DIR / "comparison.md"
     if table.exists():
-        print(f"training  : {params.train.rounds} rounds, results in {paths.RESULTS_DB}, plot in "
+        print(f"training  : {params.train.rounds} rounds, results in {paths.RUNS}/<name>/{paths.RUN_RESULTS} "
+              f"(index: {paths.RESULTS_DB}), plot in "
               f"{paths.REPORT_DIR / 'accuracy_vs_bytes.png'}\n")
         print(table.read_text())
 

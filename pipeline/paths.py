@@ -9,8 +9,9 @@ HASHES_INFO = Path("data/hashes/info.json")
 RELATIONS = Path("data/cache/relations.npy")
 CACHE_DIR = Path("data/cache")
 RESULTS = Path("results")
-RESULTS_DB = RESULTS / "results.duckdb"
-RUNS = RESULTS / "runs"  # results/runs/<algorithm>/: summary.json (+ the run's cache DB copy)
+RESULTS_DB = RESULTS / "results.duckdb"  # the index of every run's rows, rebuilt from results/runs/*/run.duckdb
+RUNS = RESULTS / "runs"  # results/runs/<algorithm>/: run.duckdb, summary.json (+ the run's cache DB copy)
+RUN_RESULTS = "run.duckdb"  # a training stage's own rows, in its run directory
 CHECKPOINTS = RESULTS / "checkpoints"  # results/checkpoints/<algorithm>.pt (kept across dvc's output cleanup)
 METRICS = RESULTS / "metrics.json"
 REPORT_DIR = RESULTS / "report"
@@ -22,6 +23,21 @@ def run_name(algorithm: str, hetero: bool = False) -> str:
 
 def run_dir(algorithm: str, hetero: bool = False) -> Path:
     return RUNS / run_name(algorithm, hetero)
+
+
+def run_results(algorithm: str, hetero: bool = False) -> Path:
+    return run_dir(algorithm, hetero) / RUN_RESULTS
+
+
+def stage(algorithm: str, hetero: bool = False) -> str:
+    """The DVC stage that writes this run: train@<algorithm> or train-hetero@<algorithm>."""
+    return f"train-hetero@{algorithm}" if hetero else f"train@{algorithm}"
+
+
+def stage_of_run(name: str) -> str:
+    """The DVC stage of a run directory's name (see run_name)."""
+    hetero = name.endswith("-hetero")
+    return stage(name[: -len("-hetero")] if hetero else name, hetero)
 
 
 def checkpoint_path(algorithm: str, hetero: bool = False) -> Path:

@@ -4,6 +4,7 @@ results DB, partition and knowledge cache built by dashboard.sample_data in a tm
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -179,6 +180,15 @@ def test_no_db_empty_db_and_missing_inputs(app, tmp_path):
     assert "dvc repro partition" in texts(at, "info")
 
 
+def test_damaged_index_names_the_file_and_the_fix(app, tmp_path):
+    path = tmp_path / "results.duckdb"
+    path.write_bytes(bytes(range(256)) * 64)  # random bytes, not a DuckDB file
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert not at.exception, [e.value for e in at.exception]  # no traceback
+    [error] = [e.value for e in at.error]
+    assert f"`{path}` is damaged" in error and f"python -m pipeline.results rebuild --index {path}" in error
+
+
 def test_run_with_no_rounds(app, sample, tmp_path):
     path = tmp_path / "one.duckdb"
     db = ResultsDB(path)
@@ -200,10 +210,11 @@ con.close()
 """
 
 APPEND = """
-import sys, time
-from pipeline.results import ResultsDB
+import json, sys, time
+from pipeline.results import RunResultsDB
 path, run_id, last, hold_s, clients = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-db = ResultsDB(path, lock_timeout_s=60)
+db = RunResultsDB(path, lock_timeout_s=60)  # a training stage: its own results file, the run started there
+db.start_run(run_id, "fedcache", "mnist", "homo", json.loads(sys.argv[6]), "abc1234")
 for rnd in range(last + 1):  # a training stage's write pattern: per round open, write, close
     acc = 0.1 + 0.05 * rnd
     up, down = (clients * 1000, 0) if rnd == 0 else (clients * 480, clients * 400)
@@ -241,15 +252,20 @@ def test_locked_db_keeps_last_snapshot(app, sample, tmp_path):
 
 
 def test_concurrent_writer(app, sample, tmp_path):
-    path = tmp_path / "live.duckdb"
+    """A training stage writing rounds into its own runs/<name>/run.duckdb next to the index: read
+    directly (it is newer than the index), its rows replacing the index's for that run."""
+    path = tmp_path / "results.duckdb"
     shutil.copy(sample.results_db, path)
+    old = path.stat().st_mtime_ns - 10**10
+    os.utime(path, ns=(old, old))  # the index was built a while ago
     run_id = sample.run_ids["starting"]
     at = app(FEDCACHE_RESULTS_DB=path)
     at.sidebar.multiselect(key="runs").set_value([run_id]).run()
     assert "has no rounds yet" in texts(at, "info")
 
     last = 12
-    writer = child(APPEND, path, run_id, last, 0.15, sample_data.K)
+    params = json.dumps(sample_data.params_for(sample.root, beta=2.0))
+    writer = child(APPEND, tmp_path / "runs" / "fedcache" / "run.duckdb", run_id, last, 0.15, sample_data.K, params)
     seen, deadline = [], time.monotonic() + 45
     while writer.poll() is None and time.monotonic() < deadline:
         at.run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -137,3 +138,84 @@ def test_params_diff():
     assert list(diff.index) == ["extra.x", "seed", "train.algorithms", "train.lr"]
     assert diff.at["train.lr", "a"] == "0.01" and diff.at["seed", "b"] == stages.MISSING
     assert stages.params_diff(a, a).empty
+
+
+# ----------------------------------------------------------------------------- index + per-run files
+
+def _age(path, seconds: float = 10.0) -> None:
+    """Date a file back (so the index built after it is unambiguously newer)."""
+    t = path.stat().st_mtime_ns - int(seconds * 1e9)
+    os.utime(path, ns=(t, t))
+
+
+def test_index_plus_live_per_run_files(sample, tmp_path):
+    from pipeline.results import RunResultsDB, rebuild_index
+
+    sizes = np.full(sample_data.K, sample_data.PER_CLIENT)
+    params = sample_data.params_for(sample.root)
+    fed = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
+    local = RunResultsDB(tmp_path / "runs" / "local" / "run.duckdb")
+    accs = sample_data.curve(0.8)
+    sample_data.write_run(fed, "fedcache-1", "fedcache", "homo", params, sizes, accs[:3], finish=False)  # running
+    sample_data.write_run(local, "local-1", "local", "homo", params, sizes, sample_data.curve(0.6), seed=2)
+    _age(fed.path)
+    _age(local.path)
+    index = tmp_path / "results.duckdb"
+    rebuild_index(index)
+    assert data.live_run_files(index, tmp_path / "runs") == []  # the index holds them as they are
+    snap = data.load_snapshot(index, ["fedcache-1", "local-1"])
+    assert snap.rounds.groupby("run_id")["round"].max().to_dict() == {"fedcache-1": 2, "local-1": sample_data.ROUNDS}
+
+    # the running stage writes more rounds: its file is newer than the index and is read directly
+    for rnd in range(3, sample_data.ROUNDS + 1):
+        sample_data.write_round(fed, "fedcache-1", "fedcache", rnd, accs[rnd], sizes)
+    fed.finish_run("fedcache-1")
+    assert data.live_run_files(index, tmp_path / "runs") == [fed.path]
+    snap = data.load_snapshot(index, ["fedcache-1", "local-1"])
+    assert snap.rounds.groupby("run_id")["round"].agg(["max", "count"]).to_dict("index") == {
+        "fedcache-1": {"max": sample_data.ROUNDS, "count": sample_data.ROUNDS + 1},  # no row twice
+        "local-1": {"max": sample_data.ROUNDS, "count": sample_data.ROUNDS + 1}}
+    assert snap.runs.set_index("run_id").at["fedcache-1", "status"] == "finished"  # the file's row, not the index's
+    assert len(snap.clients[snap.clients["run_id"] == "fedcache-1"]) == (sample_data.ROUNDS + 1) * sample_data.K
+
+    # a stage that started after the index was built shows up at once
+    RunResultsDB(tmp_path / "runs" / "fd" / "run.duckdb").start_run("fd-1", "fd", "mnist", "homo", params, "abc")
+    runs = data.load_runs(index).set_index("run_id")
+    assert set(runs.index) == {"fedcache-1", "local-1", "fd-1"} and runs.at["fd-1", "n_rounds"] == 0
+
+    # no index at all: the per-run files alone
+    index.unlink()
+    assert set(data.load_runs(index)["run_id"]) == {"fedcache-1", "local-1", "fd-1"}
+
+
+def test_damaged_files_are_named_with_the_command_that_rebuilds_them(sample, tmp_path):
+    from pipeline.results import RunResultsDB, rebuild_index
+
+    index = tmp_path / "results.duckdb"
+    index.write_bytes(b"not a database" * 1000)
+    with pytest.raises(data.ResultsDamaged) as err:
+        data.load_runs(index)
+    assert f"`{index}`" in str(err.value) and f"python -m pipeline.results rebuild --index {index}" in str(err.value)
+
+    run = RunResultsDB(tmp_path / "runs" / "fd-hetero" / "run.duckdb")
+    run.start_run("fd-1", "fd", "mnist", "hetero", {}, "abc")
+    rebuild_index(index)
+    run.path.write_bytes(b"not a database" * 1000)  # changed since the index: read directly, and damaged
+    with pytest.raises(data.ResultsDamaged) as err:
+        data.load_snapshot(index, ["fd-1"])
+    assert f"`{run.path}`" in str(err.value) and "dvc repro -s -f train-hetero@fd" in str(err.value)
+
+
+def test_locked_per_run_file_reports_busy(tmp_path):
+    from pipeline.results import RunResultsDB
+
+    run = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
+    run.start_run("fedcache-1", "fedcache", "mnist", "homo", {}, "abc")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run.path), "1.0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(data.ResultsBusy, match="locked by a writer"):
+            data.load_runs(tmp_path / "results.duckdb", timeout_s=0.2)
+    finally:
+        holder.wait(10)
+    assert data.load_runs(tmp_path / "results.duckdb")["run_id"].tolist() == ["fedcache-1"]
