@@ -71,7 +71,7 @@ test: setup browser
 serve: setup
 	$(BIN)/python -m flows.serve
 
-# The Streamlit dashboard over results/results.duckdb (read-only; fine while a training stage runs).
+# The Streamlit dashboard over the results index and the per-run files (read-only; fine while a training stage runs).
 dashboard: setup
 	$(BIN)/streamlit run dashboard/app.py --server.address $(DASHBOARD_HOST) --server.port $(DASHBOARD_PORT) \
 	  --server.headless true --browser.gatherUsageStats false $(if $(strip $(DASHBOARD_ARGS)),-- $(DASHBOARD_ARGS))

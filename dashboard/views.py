@@ -133,8 +133,8 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
 
 
 def view_partition(cfg: Config, stats: dict | None, params: dict) -> None:
-    if stats is None:
-        stages.load_stats(cfg.stats_path)  # raises InputMissing with the fix
+    if stats is None:  # not read yet (or written since): read it; a missing file raises InputMissing with the fix
+        stats = stages.load_stats(cfg.stats_path)
     dataset = (params.get("data") or {}).get("dataset")
     mix = stages.label_mix(stats, dataset)
     per = stats.get("train_per_client", {})

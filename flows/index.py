@@ -42,7 +42,7 @@ def index_flow(params_file: str = "params.yaml") -> dict:
         raise FileNotFoundError(f"{paths.HASHES} has {len(codes)} codes for {part.num_train} samples: rerun dvc repro encode")
     labels, clients = part.train_labels, part.train_client()
     sizes = {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True))}
-    check_against_data(params, part.num_train, sizes)
+    check_against_data(params, class_sizes=sizes)
 
     start = time.perf_counter()
     relations, kinds = build_relations(codes, labels, clients, params.index, search=neighbours_of_label)

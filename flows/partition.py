@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 import flows  # noqa: F401  (offline-safe Prefect settings)
 from prefect import flow, task
 
@@ -16,7 +18,7 @@ from pipeline.partition import Partition, make_partition, partition_stats, write
 @task
 def split(params: Params) -> Partition:
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
-    check_against_data(params, len(ds.train_y))
+    check_against_data(params, np.bincount(ds.train_y, minlength=ds.num_classes))  # what the split will use
     return make_partition(ds.train_y, ds.test_y, ds.num_classes, params.partition, params.seed)
 
 

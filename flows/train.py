@@ -1,14 +1,17 @@
-"""Stage 4 (one per algorithm): federated rounds; per-round metrics and bytes -> DuckDB.
+"""Stage 4 (one per algorithm): federated rounds; per-round metrics and bytes -> the stage's own
+results file, results/runs/<name>/run.duckdb (pipeline.results).
 
-    python -m flows.train <algorithm> [--hetero] [--params params.yaml]
+    .venv/bin/python -m flows.train <algorithm> [--hetero] [--params params.yaml]
 
-A killed run started again continues from its last checkpointed round.
+A killed run started again continues from its last checkpointed round; a new run clears what an
+earlier run left in results/runs/<name>/ (the stage's output persists across `dvc repro`, see dvc.yaml).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import flows  # noqa: F401
 from prefect import flow, task
@@ -20,7 +23,7 @@ from pipeline.config import ConfigError, Params, load_params
 from pipeline.data import load_dataset
 from pipeline.engine import Trainer
 from pipeline.partition import Partition
-from pipeline.results import ResultsDB
+from pipeline.results import RunResultsDB
 
 
 @task(cache_policy=NO_CACHE)
@@ -28,11 +31,17 @@ def prepare(params: Params, algorithm: str, hetero: bool) -> Trainer:
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
     return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm, hetero),
-                   paths.checkpoint_path(algorithm, hetero), ResultsDB(paths.RESULTS_DB), hetero=hetero)
+                   paths.checkpoint_path(algorithm, hetero), RunResultsDB(paths.run_results(algorithm, hetero)),
+                   hetero=hetero)
+
+
+def summary_path(trainer: Trainer) -> Path:
+    return paths.run_dir(trainer.algorithm.name, trainer.hetero) / "summary.json"
 
 
 @task(cache_policy=NO_CACHE)
 def start(trainer: Trainer) -> int:
+    summary_path(trainer).unlink(missing_ok=True)  # an earlier run's: written again when this one completes
     return trainer.start()
 
 
@@ -44,8 +53,7 @@ def train_round(trainer: Trainer, round_: int) -> None:
 @task(cache_policy=NO_CACHE)
 def finish(trainer: Trainer) -> dict:
     summary = trainer.finish()
-    path = paths.run_dir(trainer.algorithm.name, trainer.hetero) / "summary.json"
-    path.write_text(json.dumps(summary, indent=1))
+    summary_path(trainer).write_text(json.dumps(summary, indent=1))
     return summary
 
 

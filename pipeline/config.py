@@ -9,6 +9,7 @@ sizes are known (still before any output is written).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +22,7 @@ ENCODERS = ("hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_s
 
 from pipeline.algorithms import REGISTRY
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
+from pipeline.partition import samples_used
 
 
 class _Section(BaseModel):
@@ -282,24 +284,25 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return parse_params(raw, str(path))
 
 
-def check_against_data(params: Params, train_labels_count: int, class_sizes: dict[int, int] | None = None) -> None:
-    """Checks that need the dataset: K versus samples, R versus the smallest class.
+def check_against_data(params: Params, train_class_sizes: Sequence[int] | None = None,
+                       class_sizes: dict[int, int] | None = None) -> None:
+    """Checks that need the dataset, called before a stage writes anything.
 
-    Called before a stage writes anything. `class_sizes` are the per-label sample
-    counts after partitioning (what the neighbour search runs over).
+    `train_class_sizes`: the dataset's training samples per class (the partition stage). K times
+    min_samples is checked against the samples the split will use, counted by the same function
+    the split uses (`pipeline.partition.samples_used`), so this check and the split agree.
+    `class_sizes`: the per-label sample counts after partitioning (the index stage: what the
+    neighbour search runs over); R must be below the smallest.
     """
     p = params.partition
-    total = train_labels_count
-    if p.samples_per_client is not None:
-        total = min(total, p.num_clients * p.samples_per_client)
-    elif p.data_fraction is not None:
-        total = int(total * p.data_fraction)
-    if p.num_clients * p.min_samples > total:
-        raise ConfigError(
-            f"partition.num_clients = {p.num_clients}: with partition.min_samples = {p.min_samples} "
-            f"it needs at least {p.num_clients * p.min_samples} training samples, but only "
-            f"{total} are used; lower num_clients or min_samples, or use more data"
-        )
+    if train_class_sizes is not None:
+        used = samples_used(train_class_sizes, p)
+        if p.num_clients * p.min_samples > used:
+            raise ConfigError(
+                f"partition.num_clients = {p.num_clients}: with partition.min_samples = {p.min_samples} "
+                f"it needs at least {p.num_clients * p.min_samples} training samples, but only "
+                f"{used} are used; lower num_clients or min_samples, or use more data"
+            )
     if class_sizes is not None:
         smallest_label, smallest = min(class_sizes.items(), key=lambda kv: kv[1])
         if params.index.R >= smallest:

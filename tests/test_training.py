@@ -1,5 +1,5 @@
 """The round loop on a tiny real run: ledger bytes = payload sizes, MAUA and per-client bookkeeping,
-knowledge persisted to the SQL store, local-only sends nothing."""
+knowledge persisted to the SQL store, local-only sends nothing; rows in the run's own results file."""
 
 import duckdb
 import numpy as np
@@ -10,12 +10,12 @@ from pipeline.algorithms import REGISTRY
 from pipeline.cache import store
 from pipeline.data import load_dataset
 from pipeline.engine import Trainer
-from pipeline.results import ResultsDB
+from pipeline.results import ResultsDB, RunResultsDB
 
 
 def _run(params, part, algorithm, mnist):
     trainer = Trainer(params, REGISTRY[algorithm], part, mnist, paths.run_dir(algorithm),
-                      paths.checkpoint_path(algorithm), ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
+                      paths.checkpoint_path(algorithm), RunResultsDB(paths.run_results(algorithm)), [paths.PARTITION])
     return trainer, trainer.run()
 
 
@@ -24,7 +24,7 @@ def test_fedcache_bytes_equal_the_payload_formula(tiny_workspace, mnist):
     trainer, summary = _run(params, part, "fedcache", mnist)
     C, d = part.num_classes, np.load(paths.HASHES).shape[1]
     sizes = np.diff(part.train_offsets)
-    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
     rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
                        [summary["run_id"]]).fetchall()
     per_round = con.execute("SELECT round, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
@@ -46,7 +46,7 @@ def test_fedcache_bytes_equal_the_payload_formula(tiny_workspace, mnist):
 def test_maua_and_per_client_bookkeeping(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     _, summary = _run(params, part, "local", mnist)
-    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
+    con = duckdb.connect(str(paths.run_results("local")), read_only=True)
     clients = con.execute("SELECT round, client_id, acc, n_test FROM client_rounds WHERE run_id = ? ORDER BY round, client_id",
                           [summary["run_id"]]).fetchall()
     rounds = con.execute("SELECT round, mean_acc FROM rounds WHERE run_id = ? ORDER BY round", [summary["run_id"]]).fetchall()
@@ -81,14 +81,19 @@ def test_partial_participation_still_evaluates_everyone(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     params = params.model_copy(update={"train": params.train.model_copy(update={"participation": 0.34})})
     trainer, summary = _run(params, part, "fedcache", mnist)
-    assert trainer.select_clients(1) != trainer.select_clients(2) or len(trainer.select_clients(1)) == 1
-    con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
-    trained = con.execute("SELECT round, count(DISTINCT client_id) FROM comm WHERE run_id = ? AND round > 0 GROUP BY round",
+    # round(0.34 * 3) = 1 client per round, drawn from the round's own seed stream
+    picks = [trainer.select_clients(r) for r in range(1, 31)]
+    assert all(len(s) == 1 for s in picks)
+    assert picks == [trainer.select_clients(r) for r in range(1, 31)]  # seeded: the same draw when asked again
+    assert {s[0] for s in picks} == {0, 1, 2}  # the draw changes with the round: every client is picked in 30
+    con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
+    trained = con.execute("SELECT DISTINCT round, client_id FROM comm WHERE run_id = ? AND round > 0 ORDER BY ALL",
                           [summary["run_id"]]).fetchall()
-    evaluated = con.execute("SELECT round, count(*) FROM client_rounds WHERE run_id = ? AND round > 0 GROUP BY round",
-                            [summary["run_id"]]).fetchall()
+    evaluated = con.execute("SELECT round, count(*) FROM client_rounds WHERE run_id = ? AND round > 0 GROUP BY round "
+                            "ORDER BY round", [summary["run_id"]]).fetchall()
     con.close()
-    assert all(n == 1 for _, n in trained) and all(n == 3 for _, n in evaluated)
+    assert trained == [(1, picks[0][0]), (2, picks[1][0])]  # exactly the selected client trained and exchanged
+    assert evaluated == [(1, 3), (2, 3)]  # yet every client is evaluated every round
 
 
 def test_results_file_from_before_peer_id_is_upgraded_in_place(tmp_path):
