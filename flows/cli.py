@@ -10,13 +10,14 @@ from pipeline.cache.neighbours import NeighbourError
 from pipeline.cache.store import CacheStoreError
 from pipeline.config import ConfigError, load_params
 from pipeline.data import DatasetNotFoundError
+from pipeline.errors import InputFileError
 from pipeline.encoder import EncoderError
 from pipeline.errors import ResultsError
 from pipeline.partition import PartitionError
 
 # Errors caused by the user's params or files: shown as one message, exit code 2.
 USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, NeighbourError, CacheStoreError,
-               ResultsError, FileNotFoundError)
+               ResultsError, InputFileError, FileNotFoundError)
 
 
 def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = (),

@@ -13,6 +13,7 @@ from prefect import flow, task
 
 from pipeline import paths
 from pipeline.cache.neighbours import build_relations, label_neighbours
+from pipeline.cache.hashes import load_hashes
 from pipeline.cache.store import create_cache
 from pipeline.config import Params, check_against_data, load_params
 from pipeline.partition import Partition
@@ -35,11 +36,7 @@ def write_cache(part: Partition, codes: np.ndarray, relations: np.ndarray, param
 def index_flow(params_file: str = "params.yaml") -> dict:
     params = load_params(params_file)
     part = Partition.load(paths.PARTITION)
-    if not paths.HASHES.exists():
-        raise FileNotFoundError(f"{paths.HASHES} not found: run the encode stage first (dvc repro encode)")
-    codes = np.load(paths.HASHES)
-    if len(codes) != part.num_train:
-        raise FileNotFoundError(f"{paths.HASHES} has {len(codes)} codes for {part.num_train} samples: rerun dvc repro encode")
+    codes = load_hashes(paths.HASHES, part.num_train)
     labels, clients = part.train_labels, part.train_client()
     sizes = {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True))}
     check_against_data(params, class_sizes=sizes)

@@ -273,14 +273,30 @@ def parse_params(raw: dict, source: str = "params") -> Params:
         raise ConfigError(_format_error(err, source)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key written twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"key {key!r} is written twice in one section (lines {seen[key] + 1} and "
+                                  f"{key_node.start_mark.line + 1}); keep one of them")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"params file not found: {path} (run from the project root)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return parse_params(raw, str(path))
 
 

@@ -13,3 +13,8 @@ class ResultsError(Exception):
         super().__init__(message)
         self.path = path  # the file (a pathlib.Path), when there is one
         self.why = why  # the underlying reason, one line
+
+
+class InputFileError(ValueError):
+    """A stage's input file (partition, hashes) is damaged or not what it should be; the message
+    names the file and the command that rebuilds it."""

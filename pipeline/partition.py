@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.errors import InputFileError
+
 from pipeline.seeds import rng
 
 if TYPE_CHECKING:  # the training core runs without the config library (bench/gpu_check.sh)
     from pipeline.config import PartitionParams
+
+
+# what partition.npz holds, in this order
+PARTITION_FIELDS = ("num_clients", "num_classes", "train_index", "train_offsets", "test_index", "test_offsets",
+                    "train_labels", "test_labels")
 
 
 class PartitionError(ValueError):
@@ -78,17 +86,14 @@ class Partition:
     def load(cls, path: Path) -> "Partition":
         if not Path(path).exists():
             raise FileNotFoundError(f"partition file {path} not found: run the partition stage first (dvc repro partition)")
-        with np.load(path) as z:
-            return cls(
-                num_clients=int(z["num_clients"]),
-                num_classes=int(z["num_classes"]),
-                train_index=z["train_index"],
-                train_offsets=z["train_offsets"],
-                test_index=z["test_index"],
-                test_offsets=z["test_offsets"],
-                train_labels=z["train_labels"],
-                test_labels=z["test_labels"],
-            )
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                fields = {name: z[name] for name in PARTITION_FIELDS}
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+            raise InputFileError(f"{path} is damaged or not a partition file ({type(err).__name__}: {err}); "
+                                 "rebuild it: .venv/bin/dvc repro -f partition") from None
+        return cls(num_clients=int(fields["num_clients"]), num_classes=int(fields["num_classes"]),
+                   **{name: fields[name] for name in PARTITION_FIELDS[2:]})
 
 
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ import torch
 
 from pipeline import paths
 from pipeline.algorithms.base import LocalUpdate, Method, Upload
+from pipeline.cache.hashes import load_hashes
 from pipeline.cache.knowledge import KnowledgeCache
 from pipeline.clients import Context
 from pipeline.comm import Payload
@@ -112,7 +113,7 @@ class FedCache(Method):
         return None
 
     def setup(self):
-        codes = np.load(paths.HASHES)
+        codes = load_hashes(paths.HASHES, self.ctx.partition.num_train)
         labels = self.ctx.partition.train_labels
         uploads = {}
         for client in self.ctx.clients:

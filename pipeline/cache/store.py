@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy import (
     Column, Engine, Integer, LargeBinary, MetaData, String, Table, create_engine, func, insert, select, update, bindparam,
 )
@@ -93,9 +94,20 @@ def create_cache(path: Path, clients: np.ndarray, local_index: np.ndarray, label
 
 
 def _require(path: Path) -> Engine:
+    """An engine on an existing knowledge-cache DB; a damaged or foreign file is a CacheStoreError."""
     if not Path(path).is_file():
         raise CacheStoreError(f"knowledge cache {path} not found: run the index stage first (dvc repro index)")
-    return engine_for(path)
+    engine = engine_for(path)
+    try:
+        with engine.connect() as conn:  # every reader needs these tables: check them before any work
+            for table in (cache_meta, samples, neighbours):
+                conn.execute(select(func.count()).select_from(table)).scalar_one()
+    except SQLAlchemyError as err:
+        engine.dispose()
+        why = str(getattr(err, "orig", err)).splitlines()[0]
+        raise CacheStoreError(f"{path} is damaged or not a knowledge-cache database ({why}); "
+                              "rebuild it: .venv/bin/dvc repro -f index") from None
+    return engine
 
 
 def read_meta(path: Path) -> dict[str, str]:

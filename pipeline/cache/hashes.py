@@ -1,0 +1,25 @@
+"""Reading the encode stage's hash codes (data/hashes/hashes.npy) with a clear answer when damaged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import InputFileError
+
+
+def load_hashes(path: Path, num_samples: int) -> np.ndarray:
+    """The [N, d] codes, checked: a readable 2-D float array with one row per training sample."""
+    path = Path(path)
+    fix = "rebuild it: .venv/bin/dvc repro -f encode"
+    if not path.is_file():
+        raise InputFileError(f"{path} not found: run the encode stage first (.venv/bin/dvc repro encode)")
+    try:
+        codes = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise InputFileError(f"{path} is damaged or not a hashes file ({type(err).__name__}: {err}); {fix}") from None
+    if codes.ndim != 2 or codes.dtype.kind != "f" or len(codes) != num_samples:
+        raise InputFileError(f"{path} holds {codes.dtype} codes of shape {codes.shape}, expected one float row per "
+                             f"training sample ({num_samples}); {fix}")
+    return codes
