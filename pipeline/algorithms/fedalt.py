@@ -12,7 +12,7 @@ One round, for each selected client k:
   2. combination: the client overwrites its first m_k blocks with them and keeps its own later
      blocks (a full-model round replaces everything); the SGD momentum of overwritten
      parameters is dropped, the rest of the optimizer state is kept;
-  3. local training, one pass of ctx.batches, on
+  3. local training, one pass over the client's batches (pipeline/clients.py: batch_order), on
         CE(final, y) + sum_exits [CE(exit, y) + lambda * T^2 * KL(softmax(final/T) || softmax(exit/T))]
      with the final output detached as the teacher;
   4. upload: the blocks it received, after training.

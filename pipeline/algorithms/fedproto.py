@@ -35,8 +35,8 @@ Extensions (each behind a param in params.yaml's fedproto section):
   whose feature sizes differ still share prototypes; prototypes, the MSE term and
   prototype-based evaluation then live in that space. The seed's guide puts the adapter on
   the server, but a server has no data to train it on; here each client owns its adapter and
-  trains it jointly with its model (separate SGD optimizer with the train.* settings, kept in
-  this algorithm's state and checkpointed) through the MSE term toward the global
+  trains it jointly with its model (the adapter is a submodule `adapter` of the client's model,
+  so its own optimizer and checkpoint cover it) through the MSE term toward the global
   prototypes. All adapters start from one seeded initialisation (the second layer is
   identical on every client; the first is identical among clients with equal feature_dim),
   so the clients' aligned spaces start out compatible. The adapter never leaves the client:
