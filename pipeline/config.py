@@ -105,6 +105,7 @@ class TrainParams(_Section):
     lr: float = Field(0.01, gt=0, allow_inf_nan=False)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(5e-4, ge=0, allow_inf_nan=False)
+    fresh_optimizer: bool = False
     model: Literal["resnet8", "resnet16", "resnet20"] = "resnet8"
     eval_batch_size: int = Field(512, ge=1)
     checkpoint_every: int = Field(1, ge=1)

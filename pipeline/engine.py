@@ -3,7 +3,8 @@
 One round, top to bottom (Trainer.run_round):
   1. pick the participating clients (seeded, `train.participation`);
   2. the method's server half makes each selected client's download (`configure`);
-  3. the executor runs the client halves (local training) and collects their uploads;
+  3. the executor runs the client halves (local training) and collects their uploads (each
+     selected client gets a fresh SGD optimizer first when `train.fresh_optimizer` is on);
   4. the server half folds the uploads into its state (`aggregate`);
   5. every `eval_every` rounds, evaluate *all* clients on their own test split;
   6. write the round to the run's results file (one transaction) and checkpoint it atomically.
@@ -107,6 +108,9 @@ def run_round(method, executor, round_: int, selected: list[int], timer: Timer |
         for k in selected:
             for p in downloads[k]:
                 record_download(k, p)
+    if method.ctx.params.train.fresh_optimizer:  # the official FedCache code builds a new SGD every round
+        for k in selected:
+            method.ctx.clients[k].new_optimizer()
     uploads = executor.run(method, round_, selected, downloads, exchange)
     with timer("exchange"):
         for k in selected:

@@ -125,3 +125,31 @@ def test_ledger_totals_by_round_direction_and_setup():
     again = Ledger()
     again.load_state_dict(ledger.state_dict())
     assert again.rows(1) == ledger.rows(1) and again.total(setup=False) == 24
+
+
+def test_fresh_optimizer_starts_every_round_without_momentum(tiny_workspace, mnist):
+    """train.fresh_optimizer: round 2 trains exactly as if each client's SGD were rebuilt by hand before it
+    (no momentum from round 1), and differently from the default, where momentum carries over."""
+    import torch
+
+    _, params, part = tiny_workspace
+
+    def after_two_rounds(fresh: bool, rebuild_by_hand: bool) -> list[torch.Tensor]:
+        p = params.model_copy(update={"train": params.train.model_copy(update={"fresh_optimizer": fresh})})
+        name = f"local-{fresh}-{rebuild_by_hand}"  # own checkpoint: no run resumes another
+        trainer = Trainer(p, REGISTRY["local"], part, mnist, paths.run_dir(name), paths.checkpoint_path(name),
+                          RunResultsDB(paths.run_results(name)), [paths.PARTITION])
+        trainer.start()
+        trainer.run_round(1)
+        assert any(s for s in trainer.ctx.clients[0].optimizer.state.values())  # round 1 left momentum behind
+        if rebuild_by_hand:
+            for c in trainer.ctx.clients:
+                c.new_optimizer()
+        trainer.run_round(2)
+        return [t.detach().clone() for c in trainer.ctx.clients for t in c.model.state_dict().values()]
+
+    fresh = after_two_rounds(fresh=True, rebuild_by_hand=False)
+    by_hand = after_two_rounds(fresh=False, rebuild_by_hand=True)
+    carried = after_two_rounds(fresh=False, rebuild_by_hand=False)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, by_hand))
+    assert not all(torch.equal(a, b) for a, b in zip(fresh, carried))
