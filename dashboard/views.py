@@ -72,7 +72,8 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool) -> N
                 help="cumulative bytes when the mean accuracy first reaches the target (empty: never reached)"),
             "speedup": st.column_config.NumberColumn(
                 "speed-up", format="%.2fx",
-                help="bytes to target of the costliest run of the same setting that reaches it, over this run's"),
+                help="bytes FedAvg (same setting) needs to reach the target -- or its best accuracy when it "
+                     "misses the target -- over this run's; without a FedAvg run: the costliest run that reaches it"),
         })
     st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
                "Speed-up compares runs of the same setting (homo/hetero).")

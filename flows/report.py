@@ -33,7 +33,7 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     target = params.report.target_acc.get(params.data.dataset)
     # each run from its own stage's file (read once, used by the table and the plot)
     runs = [ResultsDB(path).series([summary["run_id"]])[0] for summary, path in gathered]
-    rows = comparison(runs, target)
+    rows = comparison(runs, target, baseline=params.report.baseline)
     rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows))
     print(rebuilt.message)
     write_outputs(rows, paths.METRICS, paths.REPORT_DIR)

@@ -195,6 +195,7 @@ class LocalParams(_Section):
 
 
 class ReportParams(_Section):
+    baseline: AlgorithmName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
         "fashion_mnist": 0.75, "mnist": 0.90, "cifar10": 0.50}
 

@@ -67,7 +67,8 @@ INDEX_SCHEMA = RUN_SCHEMA + """
 CREATE TABLE IF NOT EXISTS comparison (
     report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
     final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
-    bytes_to_target BIGINT, speedup DOUBLE
+    bytes_to_target BIGINT, speedup DOUBLE, bytes_to_target_no_setup BIGINT, speedup_target DOUBLE,
+    speedup_vs VARCHAR
 );
 CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
@@ -81,7 +82,8 @@ REQUIRED = {
     "round_metrics": {"run_id", "round", "name", "value"},
 }
 COMPARISON_COLUMNS = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
-                      "bytes_training", "target_acc", "bytes_to_target", "speedup")
+                      "bytes_training", "target_acc", "bytes_to_target", "speedup", "bytes_to_target_no_setup",
+                      "speedup_target", "speedup_vs")
 REBUILD = "python -m pipeline.results rebuild"
 # New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
 # (each is kept in DVC's cache per version); reading needs nothing special.
@@ -366,8 +368,8 @@ def _index_state(path: Path) -> tuple[str, str]:
 
 def read_comparison_csv(path: str | Path) -> tuple[str, list[dict]]:
     """(report_id, rows) of the report's comparison.csv (pipeline.report.write_outputs)."""
-    ints = {"rounds", "bytes_total", "bytes_setup", "bytes_training", "bytes_to_target"}
-    floats = {"maua", "final_acc", "target_acc", "speedup"}
+    ints = {"rounds", "bytes_total", "bytes_setup", "bytes_training", "bytes_to_target", "bytes_to_target_no_setup"}
+    floats = {"maua", "final_acc", "target_acc", "speedup", "speedup_target"}
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
