@@ -41,6 +41,7 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT, copy_worktree
+from pipeline import presets
 
 README = REPO_ROOT / "README.md"
 PLAIN_PATH = "/usr/bin:/bin"
@@ -55,6 +56,8 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/dvc repro -s -f train@\S+", "run", "one training stage again, forced"),
     (r"\.venv/bin/python -m pipeline\.results rebuild", "run", "the results index from the runs' own files"),
     (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
+    (r"\.venv/bin/python -m pipeline\.presets run \S+", "shrunk", "a preset at the paper's scale"),
+    (r"\.venv/bin/python -m pipeline\.presets (list|show \S+)", "run", ""),
     (r"make dashboard( .*)?", "serve", "a server that runs until stopped"),
     (r"\.venv/bin/python -m dashboard\.sample_data \S+", "tmpdir", "writes to the directory it is given"),
     (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
@@ -70,7 +73,8 @@ PLAN: list[tuple[str, str, str]] = [
 ALGORITHMS = list(dict.fromkeys(["fedcache", "local", *re.findall(r"\btrain@(\w+)", README.read_text())]))
 
 # what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
-SHRINK = ["partition.num_clients=4", "partition.samples_per_client=60", "train.model=resnet8", "train.rounds=2"]
+SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_per_client=60", "index.R=3",
+          "train.model=resnet8", "train.rounds=2", "train.hetero_algorithms=[]"]
 
 
 # ---------------------------------------------------------------- reading the README
@@ -173,7 +177,9 @@ def test_every_readme_command_is_planned_and_its_params_are_valid(default_params
     assert any(cmd == ".venv/bin/dvc repro" for cmd, _, _ in planned)  # the reading works at all
     # the values the README tells people to set are valid params (what the shrunk run does not use)
     for cmd, how, _ in planned:
-        if how == "shrunk":
+        if how == "shrunk" and "pipeline.presets" in cmd:
+            presets.check(shlex.split(cmd)[-1], REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
+        elif how == "shrunk":
             flags = [t for flag, t in zip(shlex.split(cmd), shlex.split(cmd)[1:]) if flag == "-S"]
             assert flags, cmd
             for extra in [[]] + fenced_comment_flags(text):
@@ -354,5 +360,9 @@ def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> Non
     elif cmd.startswith(".venv/bin/dvc exp run"):
         assert "Running stage 'train@fedcache'" in text, text  # train.eval_every changed: it reran
         assert "Running stage 'partition'" not in text, text  # the shrink put the data knobs back
+    elif cmd.startswith(".venv/bin/python -m pipeline.presets run"):
+        assert "Running stage 'train@fedcache'" in text and "Running stage 'report'" in text, text
+    elif cmd.startswith(".venv/bin/python -m pipeline.presets show"):
+        assert "dvc exp run -S" in text, text
     elif cmd == "make clean":
         assert not (repo / "data/partition").exists() and not (repo / "results/report").exists()
