@@ -40,11 +40,14 @@ def encode_flow(params_file: str = "params.yaml") -> dict:
     tmp = paths.HASHES.with_suffix(".tmp.npy")
     np.save(tmp, codes)
     tmp.replace(paths.HASHES)
-    info = {"encoder": params.encode.encoder, "num_samples": int(codes.shape[0]), "dim": int(codes.shape[1]),
-            "dtype": str(codes.dtype), "seconds": round(seconds, 3),
+    binary = codes.dtype == np.uint8  # packed sign bits: dim counts bits, a row holds dim/8 bytes
+    info = {"encoder": params.encode.encoder, "num_samples": int(codes.shape[0]),
+            "dim": int(codes.shape[1]) * (8 if binary else 1), "dtype": "bit" if binary else str(codes.dtype),
+            "bytes_per_sample": int(codes.shape[1] * codes.dtype.itemsize), "seconds": round(seconds, 3),
             "images_per_second": round(codes.shape[0] / max(seconds, 1e-9), 1), "device": str(device)}
     paths.HASHES_INFO.write_text(json.dumps(info, indent=1))
-    print(f"encode: {info['num_samples']} samples -> {info['dim']}-d {info['dtype']} codes with {info['encoder']} "
+    print(f"encode: {info['num_samples']} samples -> {info['dim']}-d {info['dtype']} codes "
+          f"({info['bytes_per_sample']} bytes each) with {info['encoder']} "
           f"in {seconds:.1f} s ({info['images_per_second']:.0f} images/s on {device})")
     return info
 

@@ -63,16 +63,20 @@ def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
     if algorithm not in REGISTRY:
         raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
     trainer = prepare(params, algorithm, hetero)
-    first = start(trainer)
-    if first > 1:
-        print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
-    name = paths.run_name(algorithm, hetero)
-    for round_ in range(first, params.train.rounds + 1):
-        train_round(trainer, round_)
-        acc = trainer.history[-1][1]
-        if acc is not None:
-            print(f"{name} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}", flush=True)
-    summary = finish(trainer)
+    try:
+        first = start(trainer)
+        if first > 1:
+            print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
+        name = paths.run_name(algorithm, hetero)
+        for round_ in range(first, params.train.rounds + 1):
+            train_round(trainer, round_)
+            acc = trainer.history[-1][1]
+            if acc is not None:
+                print(f"{name} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}",
+                      flush=True)
+        summary = finish(trainer)
+    finally:
+        trainer.close()  # the dask executor's cluster stops here, also when a round fails
     print(f"{name}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "
           f"bytes {summary['bytes_total']:,} ({summary['bytes_setup']:,} set-up)")
     return summary

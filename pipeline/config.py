@@ -9,6 +9,7 @@ sizes are known (still before any output is written).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -17,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DATASETS = ("fashion_mnist", "mnist", "cifar10")
-ENCODERS = ("hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
+ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
 
 
 from pipeline.algorithms import REGISTRY
@@ -60,12 +61,23 @@ class PartitionParams(_Section):
 
 
 class EncodeParams(_Section):
-    encoder: Literal["hog", "random_conv", "random_projection", "pixels", "mobilenet_v3_small"] = "hog"
+    encoder: Literal["hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small"] = "simhash"
     dim: int = Field(256, ge=8, le=4096)
     image_size: int = Field(32, ge=16, le=512)
     weights: str | None = None
     batch_size: int = Field(512, ge=1)
     dtype: Literal["float16", "float32"] = "float16"
+    # simhash only: sign bits per sample (stored packed, bits/8 bytes) and the fixed offset
+    # subtracted from every unit-norm HOG feature before projecting, in units of 1/sqrt(d)
+    bits: int = Field(1024, ge=8, le=65536)
+    centre: float = Field(0.5, ge=0, le=8, allow_inf_nan=False)
+
+    @field_validator("bits")
+    @classmethod
+    def _whole_bytes(cls, bits: int) -> int:
+        if bits % 8:
+            raise ValueError(f"must be a multiple of 8 (codes are packed 8 sign bits to a byte), e.g. {bits // 8 * 8 or 8}")
+        return bits
 
 
 class IndexParams(_Section):
@@ -110,8 +122,26 @@ class TrainParams(_Section):
     eval_batch_size: int = Field(512, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     threads: int | None = Field(None, ge=1)
-    executor: Literal["sequential", "vectorized"] = "vectorized"
+    executor: Literal["sequential", "vectorized", "dask"] = "vectorized"
     group_size: int = Field(32, ge=1)
+    dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
+    dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core
+
+    @field_validator("dask_address")
+    @classmethod
+    def _scheduler_address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(tcp|tls)://[^\s:/]+:\d{1,5}", v):
+            raise ValueError(f"must be a Dask scheduler's address like tcp://10.0.0.5:8786 (or null: a local "
+                             f"cluster); got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_dask_cluster(self) -> "TrainParams":
+        if self.dask_address is not None and self.dask_workers is not None:
+            raise ValueError("train.dask_workers sizes the local cluster the dask executor starts, but "
+                             "train.dask_address joins a running one (its workers are the ones `dask worker` "
+                             "started): set one of them, the other null")
+        return self
 
     @field_validator("algorithms")
     @classmethod
@@ -159,34 +189,46 @@ class FedProtoParams(_Section):
 
 
 class PDFLParams(_Section):
-    edge_prob: float = Field(0.3, gt=0, le=1)
-    min_degree: int = Field(2, ge=1)
+    edge_prob: float = Field(0.25, gt=0, le=1)
+    min_degree: int = Field(4, ge=1)
     max_redraws: int = Field(100, ge=1)
-    topology: Literal["static", "redraw", "subsample"] = "static"
+    topology: Literal["static", "redraw", "subsample"] = "redraw"
     subsample_fraction: float = Field(0.5, gt=0, le=1)
     heads: int = Field(4, ge=1)
     attention: bool = True
-    self_weight: float = Field(0.5, ge=0, le=1)
+    attention_steps: int = Field(20, ge=0)
+    attention_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
+    attention_samples: int | None = Field(64, ge=1)
     order: Literal["head_then_body", "body_then_head"] = "head_then_body"
     internal_kd: bool = True
     external_kd: bool = True
+    external_peers: int = Field(2, ge=1)
+    external_steps: int = Field(10, ge=1)
+    external_calibrate: bool = False
     kd_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
     T: float = Field(3.0, gt=0, allow_inf_nan=False)
     top_k: int = Field(2, ge=1)
 
 
 class FedAltParams(_Section):
-    tiers: list[int] = [1, 2, 3]
-    vary_tiers: bool = False
     tau: int = Field(5, ge=1)
+    capacity: list[float] = [0.3, 0.4, 0.3]
+    congestion: float = Field(0.2, ge=0, le=1, allow_inf_nan=False)
     lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")
     T: float = Field(3.0, gt=0, allow_inf_nan=False)
+    distill: Literal["two_way", "one_way"] = "two_way"
+    distill_warmup: int = Field(0, ge=0)
 
-    @field_validator("tiers")
+    @field_validator("capacity")
     @classmethod
-    def _tiers(cls, v: list[int]) -> list[int]:
-        if not v or any(not 1 <= m <= 3 for m in v):
-            raise ValueError("must be a non-empty list of block counts between 1 and 3 (ResNet-20's three stages)")
+    def _capacity(cls, v: list[float]) -> list[float]:
+        if len(v) != 3:
+            raise ValueError(f"must list 3 probabilities, P(compute tier = 1, 2, 3 blocks) of the multi-exit "
+                             f"ResNet-20's 3 blocks; got {len(v)}")
+        if any(not (p >= 0 and p <= 1) for p in v):
+            raise ValueError("every probability must lie in [0, 1]")
+        if abs(sum(v) - 1) > 1e-6:
+            raise ValueError(f"the probabilities must sum to 1; they sum to {sum(v):g}")
         return v
 
 

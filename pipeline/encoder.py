@@ -5,8 +5,11 @@ another client's data and is never trained, which is the paper's privacy argumen
 server only ever sees the codes.
 
 Options (params `encode.encoder`):
-  hog                data-independent: histograms of oriented gradients (default; see the
-                     README's hash-quality table for why)
+  hog                data-independent: histograms of oriented gradients (float codes)
+  simhash            data-independent binary code: HOG (soft orientation bins), minus a fixed
+                     offset, times a seeded orthogonalised Gaussian matrix, sign bits packed
+                     8 to a byte (`encode.bits` bits = bits/8 bytes per sample; compared by
+                     Hamming distance). See the README's hash-quality table.
   random_conv        data-independent: a conv net with seeded random weights
   random_projection  data-independent: centred pixels times a seeded Gaussian matrix
   pixels             the centred pixels themselves (a reference, not private)
@@ -71,11 +74,15 @@ class HogEncoder(nn.Module):
     """Histograms of oriented gradients: 9 unsigned orientation bins per 4x4-pixel cell,
     L2-normalised over 2x2-cell blocks, square-rooted (Hellinger-style, which damps strong
     edges). Fixed arithmetic, nothing learned. Colour images are turned to grey first.
+
+    `soft`: each pixel's gradient magnitude is split linearly between the two orientation
+    bins nearest its angle (circularly) instead of going whole into one; an angle near a
+    bin edge then no longer flips the histogram. The simhash encoder uses it.
     """
 
-    def __init__(self, cell: int = 4, bins: int = 9):
+    def __init__(self, cell: int = 4, bins: int = 9, soft: bool = False):
         super().__init__()
-        self.cell, self.bins = cell, bins
+        self.cell, self.bins, self.soft = cell, bins, soft
         self.register_buffer("dx", torch.tensor([[[[-1.0, 0.0, 1.0]]]]))
         self.register_buffer("dy", torch.tensor([[[[-1.0], [0.0], [1.0]]]]))
         self.register_buffer("grey", torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1))
@@ -87,12 +94,49 @@ class HogEncoder(nn.Module):
         gy = F.conv2d(x, self.dy, padding=(1, 0))
         magnitude = torch.sqrt(gx**2 + gy**2)
         angle = torch.remainder(torch.atan2(gy, gx), torch.pi)  # unsigned orientation in [0, pi)
-        which = (angle * (self.bins / torch.pi)).long().clamp_(max=self.bins - 1)
         hist = torch.zeros(x.shape[0], self.bins, *x.shape[2:], device=x.device)
-        hist.scatter_(1, which, magnitude)
+        if self.soft:
+            pos = angle * (self.bins / torch.pi) - 0.5  # in bin units, 0 = centre of bin 0
+            low = torch.floor(pos)
+            frac = pos - low
+            low = low.long().remainder_(self.bins)
+            hist.scatter_add_(1, low, magnitude * (1 - frac))
+            hist.scatter_add_(1, (low + 1).remainder_(self.bins), magnitude * frac)
+        else:
+            which = (angle * (self.bins / torch.pi)).long().clamp_(max=self.bins - 1)
+            hist.scatter_(1, which, magnitude)
         cells = F.avg_pool2d(hist, self.cell)  # [B, bins, H/cell, W/cell]
         blocks = cells.unfold(2, 2, 1).unfold(3, 2, 1).permute(0, 2, 3, 1, 4, 5).flatten(3)
         return F.normalize(blocks, dim=3).flatten(1).sqrt()
+
+
+class SimHashEncoder(nn.Module):
+    """HOG (soft orientation bins) -> unit norm -> minus a fixed offset -> seeded projection.
+
+    The module returns the `bits` projections; `encode` keeps their signs, packed 8 to a byte.
+    Everything is fixed by the seed and the image shape (no data statistics): the offset is
+    `centre / sqrt(d)` on every one of the d HOG features (a flat unit vector has entries
+    1/sqrt(d)); HOG features are all non-negative, so without it every code lies in one
+    narrow cone and most random hyperplanes split none of it. The Gaussian matrix is
+    orthogonalised in blocks of d columns (QR), so the first min(bits, d) hyperplanes are
+    mutually orthogonal, which makes Hamming distance a less noisy estimate of the angle.
+    """
+
+    binary = True
+
+    def __init__(self, image_shape: tuple[int, ...], bits: int, centre: float, generator: torch.Generator):
+        super().__init__()
+        self.hog = HogEncoder(soft=True)
+        channels = 1 if len(image_shape) == 2 else image_shape[-1]
+        d = self.hog(torch.zeros(1, channels, *image_shape[:2])).shape[1]
+        gauss = torch.randn(d, bits, generator=generator, dtype=torch.float64)
+        blocks = [torch.linalg.qr(gauss[:, s : s + d]).Q for s in range(0, bits, d)]
+        self.register_buffer("proj", torch.cat(blocks, dim=1).float())
+        self.offset = centre / d**0.5
+        self.bits = bits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (F.normalize(self.hog(x), dim=1) - self.offset) @ self.proj
 
 
 class RandomProjectionEncoder(nn.Module):
@@ -158,6 +202,8 @@ def build_encoder(p: EncodeParams, image_shape: tuple[int, ...], seed: int) -> n
     gen = torch_generator(seed, "encoder")
     if p.encoder == "hog":
         enc: nn.Module = HogEncoder()
+    elif p.encoder == "simhash":
+        enc = SimHashEncoder(tuple(image_shape), p.bits, p.centre, gen)
     elif p.encoder == "random_conv":
         enc = RandomConvEncoder(channels, p.dim, p.image_size, gen)
     elif p.encoder == "random_projection":
@@ -175,13 +221,21 @@ def encode(encoder: nn.Module, images: np.ndarray, batch_size: int, dtype: str =
     """Hash codes [N, d], L2-normalised so inner product = cosine similarity.
 
     Normalising here (in float32, before the cast) keeps float16 storage safe: every
-    component is in [-1, 1].
+    component is in [-1, 1]. A binary encoder (simhash) gives instead uint8 [N, bits/8]:
+    the signs of its projections (1 = positive), packed with np.packbits; `dtype` does not
+    apply to it.
     """
     encoder = encoder.to(device)
+    binary = getattr(encoder, "binary", False)
     out = []
     for start in range(0, len(images), batch_size):
         x = _to_float(images[start : start + batch_size]).to(device)
-        out.append(F.normalize(encoder(x).float(), dim=1).cpu())
+        if binary:
+            out.append(np.packbits((encoder(x) > 0).cpu().numpy(), axis=1))
+        else:
+            out.append(F.normalize(encoder(x).float(), dim=1).cpu().numpy())
+    if binary:
+        return np.concatenate(out) if out else np.empty((0, encoder.bits // 8), dtype=np.uint8)
     if not out:
         return np.empty((0, 0), dtype=dtype)
-    return torch.cat(out).numpy().astype(dtype)
+    return np.concatenate(out).astype(dtype)

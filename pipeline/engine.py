@@ -119,10 +119,20 @@ def run_round(method, executor, round_: int, selected: list[int], timer: Timer |
         method.aggregate(round_, uploads)
 
 
-def make_executor(params: Params, method_cls) -> SequentialExecutor | VectorizedExecutor:
-    """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be vectorized."""
+def make_executor(params: Params, method_cls):
+    """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
+    vectorized, or its client half calls the per-step exchange hook, which cannot run on a Dask worker."""
     if params.train.executor == "sequential":
         return SequentialExecutor()
+    if params.train.executor == "dask":
+        if method_cls.client_cls(params, 0).uses_exchange:  # the client half as the method builds it
+            print(f"{method_cls.name}: runs on the sequential executor in the flow's process, not on Dask (its client "
+                  "half calls the per-step exchange hook, as fedcache.consistency live does, which needs the server "
+                  "half at every step; fedcache.consistency round runs on Dask)", flush=True)
+            return SequentialExecutor()
+        from pipeline.dask_executor import DaskExecutor  # Prefect and Dask only when asked for
+
+        return DaskExecutor(params.train.dask_address, params.train.dask_workers)
     why = method_cls.vectorized_unsupported(params)
     if why:
         print(f"{method_cls.name}: runs on the sequential executor ({why})", flush=True)
@@ -193,9 +203,18 @@ class Trainer:
         return summary
 
     def run(self) -> dict:
-        for round_ in range(self.start(), self.params.train.rounds + 1):
-            self.run_round(round_)
-        return self.finish()
+        try:
+            for round_ in range(self.start(), self.params.train.rounds + 1):
+                self.run_round(round_)
+            return self.finish()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release what the executor holds (the dask executor's cluster); safe to call twice."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     # -- parts -----------------------------------------------------------------------
 

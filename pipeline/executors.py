@@ -11,6 +11,8 @@ thing; they differ only in how the arithmetic is batched.
                keeping its own weights, BatchNorm statistics, momentum, data order and batch
                size. Uneven client sizes and partial batches are handled with masks; clients
                are sorted by their number of steps so the ones still training are a prefix.
+  dask         each selected client's `run_client` as a Prefect task on a Dask cluster
+               (pipeline/dask_executor.py, imported only when asked for).
 
 The per-step exchange hook (FedCache `live` / `step`) goes through `exchange`, a callable the
 engine supplies: it records the payloads in the ledger and asks the method's server half.
@@ -56,12 +58,14 @@ class SequentialExecutor:
 
     def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
             exchange: Exchange) -> dict[int, Upload]:
-        return {k: self.run_client(method, method.ctx.clients[k], downloads[k], round_, exchange) for k in selected}
+        return {k: self.run_client(method.client, method.ctx.clients[k], downloads[k], round_, exchange,
+                                   method.end_step) for k in selected}
 
     @staticmethod
-    def run_client(method: Method, client: Client, download: list[Payload], round_: int,
-                   exchange: Exchange) -> Upload:
-        local: LocalUpdate = method.client
+    def run_client(local: LocalUpdate, client: Client, download: list[Payload], round_: int,
+                   exchange: Exchange | None = None, end_step: Callable[[], None] | None = None) -> Upload:
+        """One client's local update: the client half alone, so a Dask worker can run it without the
+        server half (a method's per-step `exchange` hook and `end_step` are then absent: it must not use them)."""
         targets = local.begin(client, download, round_)
         records: dict[str, list] = defaultdict(list)
         for phase in local.phases(round_):
@@ -72,6 +76,9 @@ class SequentialExecutor:
                     ids = client.ids[idx]
 
                     def send(payload: Payload, ids=ids) -> dict[str, torch.Tensor]:
+                        if exchange is None:
+                            raise RuntimeError("this client half calls the per-step exchange hook, which runs only "
+                                               "next to the server half (sequential or vectorized executor)")
                         down = exchange(round_, {client.id: _to_cpu(payload)})[client.id]
                         return {n: a.to(client.x_train.device) for n, a in down.arrays.items()}
 
@@ -80,7 +87,8 @@ class SequentialExecutor:
                                 record=lambda name, rows, idx=idx: records[name].append((idx, rows.detach())))
                     rows = local.loss(client.model, step, phase)
                     client.step(rows.sum() / len(idx))
-                    method.end_step()
+                    if end_step is not None:
+                        end_step()
         return local.end(client, targets, {n: _stack_records(p) for n, p in records.items()}, round_)
 
 
@@ -226,7 +234,8 @@ class VectorizedExecutor:
         clients = [method.ctx.clients[k] for k in selected]
         # a model the grouped network cannot express (a custom architecture) trains on its own
         alone = {c.id for c in clients if supports(c.model) is not None}
-        finished_alone = {c.id: SequentialExecutor.run_client(method, c, downloads[c.id], round_, exchange)
+        finished_alone = {c.id: SequentialExecutor.run_client(local, c, downloads[c.id], round_, exchange,
+                                                              method.end_step)
                           for c in clients if c.id in alone}
         clients = [c for c in clients if c.id not in alone]
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}

@@ -36,6 +36,25 @@ def test_damaged_and_wrong_hashes(tiny_workspace):
         load_hashes(paths.HASHES, part.num_train)
 
 
+def test_binary_hashes_accepted_and_wrong_ones_rejected(tiny_workspace):
+    # simhash codes (uint8 packed sign bits) are valid; other integer dtypes, a wrong row count
+    # or an empty row are not
+    _, _, part = tiny_workspace
+    n = part.num_train
+    np.save(paths.HASHES, np.zeros((n, 128), np.uint8))
+    assert load_hashes(paths.HASHES, n).shape == (n, 128)
+    for bad in (np.zeros((n, 16), np.int64), np.zeros((n - 1, 16), np.uint8), np.zeros((n, 0), np.uint8),
+                np.zeros(n * 16, np.uint8)):
+        np.save(paths.HASHES, bad)
+        with pytest.raises(InputFileError, match=r"hashes.npy holds .*uint8 row of packed sign bits.*repro -f encode"):
+            load_hashes(paths.HASHES, n)
+    with open(paths.HASHES, "r+b") as f:  # a truncated binary file
+        np.save(f, np.zeros((n, 128), np.uint8))
+        f.truncate(200)
+    with pytest.raises(InputFileError, match=r"hashes.npy is damaged or not a hashes file.*dvc repro -f encode"):
+        load_hashes(paths.HASHES, n)
+
+
 def test_damaged_cache_db(tiny_workspace):
     _, params, _ = tiny_workspace
     db = params.cache_db_path

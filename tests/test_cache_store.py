@@ -63,3 +63,29 @@ def test_write_knowledge_updates_only_given_samples(cache):
 def test_missing_db_is_a_clear_error(tmp_path):
     with pytest.raises(store.CacheStoreError, match="dvc repro index"):
         store.read_relations(tmp_path / "absent.db")
+
+
+def test_binary_hash_round_trip_and_meta(tmp_path):
+    # simhash codes: uint8 packed sign bits, bits/8 bytes per row, stored as those raw bytes
+    rng = np.random.default_rng(1)
+    n, bits = 12, 64
+    codes = rng.integers(0, 256, (n, bits // 8), dtype=np.uint8)
+    path = tmp_path / "cache.db"
+    store.create_cache(path, np.zeros(n, int), np.arange(n), np.zeros(n, int), codes,
+                       rng.integers(0, n, (n, 2)), 3, meta={})
+    meta = store.read_meta(path)
+    assert meta["hash_format"] == "binary" and meta["hash_dim"] == str(bits)
+    assert meta["hash_dtype"] == "uint8" and meta["hash_bytes"] == str(bits // 8)
+    got = store.read_samples(path)["hash"]
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, codes)
+    engine = store.engine_for(path)
+    with engine.connect() as conn:
+        blob = conn.execute(select(store.samples.c.hash).where(store.samples.c.sample_id == 5)).scalar_one()
+    engine.dispose()
+    assert blob == codes[5].tobytes() and len(blob) == bits // 8
+
+
+def test_float_hash_meta(cache):
+    meta = store.read_meta(cache[0])
+    assert meta["hash_format"] == "float" and meta["hash_bytes"] == str(8 * 2)

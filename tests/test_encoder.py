@@ -65,3 +65,100 @@ def test_mobilenet_bad_weights_are_clear_errors(tmp_path, images):
     torch.save({"foo": torch.zeros(2)}, wrong)
     with pytest.raises(EncoderError, match="not a MobileNetV3-small state_dict"):
         build_encoder(EncodeParams(encoder="mobilenet_v3_small", weights=str(wrong)), (28, 28), 0)
+
+
+# --- simhash: a seeded, data-independent binary code (HOG -> offset -> projection -> sign bits)
+
+def _simhash(images, bits=256, seed=3, **kw):
+    enc = build_encoder(EncodeParams(encoder="simhash", bits=bits, **kw), images.shape[1:], seed=seed)
+    return encode(enc, images, batch_size=7)
+
+
+@pytest.mark.parametrize("bits", [8, 64, 1024, 2048])
+def test_simhash_packs_bits_over_8_bytes(bits, images):
+    codes = _simhash(images, bits)
+    assert codes.dtype == np.uint8 and codes.shape == (20, bits // 8)
+    assert codes.nbytes == 20 * bits // 8
+    unpacked = np.unpackbits(codes, axis=1)
+    assert 0.2 < unpacked.mean() < 0.8  # both signs occur: not a constant code
+
+
+def test_simhash_is_seeded_and_data_independent(images):
+    a = _simhash(images)
+    # same seed: the same code for an image whatever else is encoded with it, in any batch
+    np.testing.assert_array_equal(_simhash(images[::-1])[::-1], a)
+    np.testing.assert_array_equal(_simhash(images[5:6]), a[5:6])
+    other = np.random.default_rng(9).integers(0, 256, (13, 28, 28), dtype=np.uint8)
+    np.testing.assert_array_equal(_simhash(np.concatenate([other, images[3:4]]))[-1], a[3])
+    # the projection itself depends on the seed and the shape only, never on images
+    e1 = build_encoder(EncodeParams(encoder="simhash", bits=256), (28, 28), seed=3)
+    e2 = build_encoder(EncodeParams(encoder="simhash", bits=256), (28, 28), seed=3)
+    assert torch.equal(e1.proj, e2.proj)
+    # another seed: another code
+    assert (_simhash(images, seed=4) != a).mean() > 0.2
+
+
+def test_simhash_bits_are_signs_of_the_projection(images):
+    enc = build_encoder(EncodeParams(encoder="simhash", bits=64), images.shape[1:], seed=0)
+    with torch.no_grad():
+        from pipeline.encoder import _to_float
+        proj = enc(_to_float(images)).numpy()
+    np.testing.assert_array_equal(np.unpackbits(encode(enc, images, 8), axis=1), (proj > 0).astype(np.uint8))
+    # the offset is fixed: centre / sqrt(d) on the unit-norm HOG features (d = 1296 at 28 px)
+    assert enc.proj.shape == (1296, 64) and enc.offset == pytest.approx(0.5 / 1296**0.5)
+
+
+def test_simhash_projection_is_orthogonal_in_blocks():
+    enc = build_encoder(EncodeParams(encoder="simhash", bits=2048), (28, 28), seed=0)
+    block = enc.proj[:, :1296]
+    torch.testing.assert_close(block.T @ block, torch.eye(1296), atol=1e-4, rtol=0)
+
+
+def test_simhash_similar_images_have_close_codes(images):
+    # a slightly noisy copy is far closer in Hamming distance than an unrelated image
+    rng = np.random.default_rng(1)
+    noisy = np.clip(images.astype(int) + rng.integers(-3, 4, images.shape), 0, 255).astype(np.uint8)
+    a, b = np.unpackbits(_simhash(images, 512), axis=1), np.unpackbits(_simhash(noisy, 512), axis=1)
+    same = (a != b).sum(axis=1)
+    other = (a != np.roll(b, 1, axis=0)).sum(axis=1)
+    assert (same < other).all()
+
+
+def test_bits_must_be_whole_bytes():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="multiple of 8"):
+        EncodeParams(encoder="simhash", bits=100)
+    with pytest.raises(ValidationError):
+        EncodeParams(encoder="simhash", bits=0)
+    with pytest.raises(ValidationError):
+        EncodeParams(encoder="simhash", centre=-1.0)
+
+
+def test_fedcache_setup_ledger_counts_packed_bytes(tmp_path, monkeypatch, mnist):
+    """Round 0 of FedCache uploads, per client, n_k * (8 + 8 + bits/8) bytes: int64 ids,
+    int64 labels, the packed code."""
+    import duckdb
+
+    from conftest import make_workspace
+    from pipeline import paths
+    from pipeline.algorithms import REGISTRY
+    from pipeline.engine import Trainer
+    from pipeline.results import RunResultsDB
+
+    bits = 64
+    monkeypatch.chdir(tmp_path)
+    _, params, part = make_workspace(tmp_path, mnist, {"encode": {"encoder": "simhash", "bits": bits},
+                                                       "train": {"rounds": 1, "algorithms": ["fedcache"], "threads": 1}})
+    codes = np.load(paths.HASHES)
+    assert codes.dtype == np.uint8 and codes.shape == (part.num_train, bits // 8)
+    trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.run_dir("fedcache"),
+                      paths.checkpoint_path("fedcache"), RunResultsDB(paths.run_results("fedcache")), [paths.PARTITION])
+    summary = trainer.run()
+    con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
+    rows = con.execute("SELECT client_id, bytes FROM comm WHERE run_id = ? AND round = 0 AND kind = 'hashes' "
+                       "ORDER BY client_id", [summary["run_id"]]).fetchall()
+    con.close()
+    sizes = np.diff(part.train_offsets)
+    assert rows == [(k, int(n) * (8 + 8 + bits // 8)) for k, n in enumerate(sizes)]
+    assert summary["bytes_setup"] == int(sizes.sum()) * (16 + bits // 8)

@@ -62,6 +62,8 @@ CASES = [("fd", False), ("fedavg", False), ("fedproto", False), ("local", False)
 def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, algorithm, hetero):
     _, params, part = tiny_workspace
     params = _with(params, "fedcache", consistency="round")
+    if algorithm == "pdfl":  # 3 clients: the complete graph (params.yaml's min_degree is for K=30)
+        params = _with(params, "pdfl", edge_prob=1.0, min_degree=2)
     seq = _trainer(params, part, mnist, algorithm, "sequential", hetero)
     vec = _trainer(params, part, mnist, algorithm, "vectorized", hetero)
     assert isinstance(seq.executor, SequentialExecutor) and isinstance(vec.executor, VectorizedExecutor)

@@ -1,5 +1,6 @@
 """FedAlt: block partition of the multi-exit ResNet-20, block combination, per-block weighted
-aggregation, tiers and full-model rounds, the self-distillation loss, bytes in a real run, resume."""
+aggregation, full-model rounds (multiples of tau+1), the seeded capacity profile, two-way and
+one-way self-distillation, whole-model uploads and bytes in a real run, acc_global, resume."""
 
 from types import SimpleNamespace
 
@@ -12,12 +13,16 @@ from models.multiexit import NUM_BLOCKS, MultiExitResNet, block_of, block_state,
 from models.resnet import build_model, count_parameters
 from pipeline import paths
 from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fedalt import FedAlt, aggregate, blocks_sent, combine, fedalt_loss_rows
+from pipeline.algorithms.fedalt import (FedAlt, aggregate, blocks_sent, combine, compute_tier, congested,
+                                       distill_weight, fedalt_loss_rows, full_round)
+from pipeline.clients import evaluate_model
 from pipeline.comm import nbytes
-from pipeline.config import ConfigError, FedAltParams
+from pipeline.config import ConfigError, FedAltParams, parse_params
 from pipeline.engine import Trainer
 from pipeline.losses import kd_rows
 from pipeline.results import ResultsDB
+
+from conftest import tiny_params_raw
 
 
 def _model(seed: int, in_channels: int = 1) -> MultiExitResNet:
@@ -97,18 +102,65 @@ def test_per_block_aggregation_is_the_weighted_mean_over_uploaders():
             assert int(t) == round(float(mean))
 
 
-def test_tiers_and_full_model_rounds():
-    cfg = FedAltParams(tiers=[1, 2, 3], tau=3)
-    for r in (1, 2, 4, 5):
-        assert [blocks_sent(cfg, 0, r, k) for k in range(6)] == [1, 2, 3, 1, 2, 3]
-    for r in (3, 6, 9):
-        assert [blocks_sent(cfg, 0, r, k) for k in range(6)] == [3] * 6
-    cfg = FedAltParams(tiers=[1, 2], tau=4, vary_tiers=True)
-    draws = [[blocks_sent(cfg, 0, r, k) for k in range(20)] for r in (1, 2, 3)]
-    assert draws == [[blocks_sent(cfg, 0, r, k) for k in range(20)] for r in (1, 2, 3)]  # seeded
-    assert {m for row in draws for m in row} == {1, 2}
-    assert draws[0] != draws[1]  # redrawn per round
-    assert [blocks_sent(cfg, 0, 4, k) for k in range(20)] == [3] * 20
+@pytest.mark.parametrize("tau", [1, 2, 5])
+def test_full_model_rounds_are_the_multiples_of_tau_plus_one(tau):
+    cfg = FedAltParams(tau=tau, capacity=[1.0, 0.0, 0.0], congestion=0.0)  # every client: 1 block when partial
+    full = [r for r in range(1, 31) if all(blocks_sent(cfg, 0, r, k) == NUM_BLOCKS for k in range(8))]
+    assert full == list(range(tau + 1, 31, tau + 1))
+    assert full == [r for r in range(1, 31) if full_round(tau, r)]
+    partial = [r for r in range(1, 31) if r not in full]
+    assert all(blocks_sent(cfg, 0, r, k) == 1 for r in partial for k in range(8))
+
+
+def test_capacity_profile_is_seeded_follows_the_probabilities_and_limits():
+    cfg = FedAltParams(capacity=[0.2, 0.0, 0.8], congestion=0.0)
+    tiers = [compute_tier(cfg, 0, k) for k in range(2000)]
+    assert tiers == [compute_tier(cfg, 0, k) for k in range(2000)]  # same seed, same draws
+    assert tiers != [compute_tier(cfg, 1, k) for k in range(2000)]  # another seed, other draws
+    assert set(tiers) == {1, 3}  # probability 0: never drawn
+    assert 0.17 < tiers.count(1) / 2000 < 0.23
+    # one stream per client: a client's tier does not depend on how many clients there are
+    assert compute_tier(cfg, 0, 7) == tiers[7]
+    # no congestion: fixed per client over (partial) rounds
+    assert all(blocks_sent(cfg, 0, r, k) == tiers[k] for r in (1, 2, 4, 5) for k in range(50))
+    # congestion always: one block fewer, at least 1
+    always = FedAltParams(capacity=[0.2, 0.0, 0.8], congestion=1.0)
+    assert all(blocks_sent(always, 0, r, k) == max(1, tiers[k] - 1) for r in (1, 2, 4, 5) for k in range(50))
+    # congestion sometimes: varies per round, seeded, and only ever tier or tier - 1 (min 1)
+    some = FedAltParams(capacity=[0.0, 0.5, 0.5], congestion=0.3, tau=100)
+    draws = [[blocks_sent(some, 0, r, k) for k in range(40)] for r in range(1, 21)]
+    assert draws == [[blocks_sent(some, 0, r, k) for k in range(40)] for r in range(1, 21)]
+    assert any(len({row[k] for row in draws}) > 1 for k in range(40))  # some client's m changes over rounds
+    for k in range(40):
+        t = compute_tier(some, 0, k)
+        assert {row[k] for row in draws} <= {t, max(1, t - 1)}
+    rate = sum(congested(some, 0, r, k) for r in range(1, 101) for k in range(40)) / 4000
+    assert 0.27 < rate < 0.33
+    # full-model rounds ignore capacity and links
+    assert all(blocks_sent(FedAltParams(tau=100, capacity=[1.0, 0.0, 0.0], congestion=1.0), 0, 101, k) == 3
+               for k in range(10))
+
+
+@pytest.mark.parametrize("fedalt,key,words", [
+    ({"capacity": [0.5, 0.5]}, "fedalt.capacity", "3 probabilities"),
+    ({"capacity": [0.5, 0.7, -0.2]}, "fedalt.capacity", "[0, 1]"),
+    ({"capacity": [0.5, 0.3, 0.3]}, "fedalt.capacity", "sum to 1"),
+    ({"congestion": 1.5}, "fedalt.congestion", "less than or equal to 1"),
+    ({"tau": 0}, "fedalt.tau", "greater than or equal to 1"),
+    ({"distill": "both"}, "fedalt.distill", "two_way"),
+    ({"distill_warmup": -1}, "fedalt.distill_warmup", "greater than or equal to 0"),
+    ({"tiers": [1, 2, 3]}, "fedalt.tiers", "unknown key"),
+])
+def test_impossible_values_are_config_errors_naming_the_key(fedalt, key, words):
+    with pytest.raises(ConfigError) as err:
+        parse_params(tiny_params_raw({"fedalt": fedalt}))
+    assert key in str(err.value) and words in str(err.value)
+
+
+def test_distillation_warmup():
+    assert [distill_weight(FedAltParams(**{"lambda": 2.0}), r) for r in (1, 5)] == [2.0, 2.0]
+    ramp = FedAltParams(**{"lambda": 2.0}, distill_warmup=4)
+    assert [distill_weight(ramp, r) for r in (1, 2, 4, 9)] == [0.5, 1.0, 2.0, 2.0]
 
 
 def test_loss_has_the_self_distillation_term():
@@ -116,17 +168,36 @@ def test_loss_has_the_self_distillation_term():
     outs = [torch.randn(6, 10, requires_grad=True) for _ in range(3)]
     y = torch.randint(0, 10, (6,))
     ce = sum(F.cross_entropy(o, y) for o in outs)
-    fedalt_loss = lambda *a: fedalt_loss_rows(*a).mean()  # noqa: E731  (the executor's reduction)
+    fedalt_loss = lambda *a, **k: fedalt_loss_rows(*a, **k).mean()  # noqa: E731  (the executor's reduction)
     plain = fedalt_loss(outs, y, 0.0, 3.0)
     torch.testing.assert_close(plain, ce)
     lam, T = 0.7, 3.0
-    sd = fedalt_loss(outs, y, lam, T)
-    torch.testing.assert_close(sd, ce + lam * sum(kd_rows(o, outs[-1].detach(), T).mean() for o in outs[:-1]))
-    assert float((sd - plain).detach()) > 1e-4
-    # the final output is the teacher: the distillation term sends it no gradient
-    g0 = torch.autograd.grad(plain, outs[-1])[0]
-    g1 = torch.autograd.grad(fedalt_loss(outs, y, lam, T), outs[-1])[0]
-    torch.testing.assert_close(g0, g1)
+    one = fedalt_loss(outs, y, lam, T, two_way=False)
+    torch.testing.assert_close(one, ce + lam * sum(kd_rows(o, outs[-1].detach(), T).mean() for o in outs[:-1]))
+    two = fedalt_loss(outs, y, lam, T)
+    torch.testing.assert_close(two, one + lam * sum(kd_rows(outs[-1], o.detach(), T).mean() for o in outs[:-1]))
+    assert float((one - plain).detach()) > 1e-4 and float((two - one).detach()) > 1e-4
+
+
+@pytest.mark.parametrize("distill", ["two_way", "one_way"])
+def test_distillation_alone_trains_the_exits_and_in_two_way_the_final_head(distill):
+    """Gradients of the distillation term alone (loss with lambda > 0 minus loss with lambda 0)."""
+    model = _model(0)
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    outs = model.forward_all(x)
+    two_way = distill == "two_way"
+    sd = (fedalt_loss_rows(outs, y, 1.0, 3.0, two_way) - fedalt_loss_rows(outs, y, 0.0, 3.0, two_way)).mean()
+    assert float(sd.detach()) > 1e-4
+    params = dict(model.named_parameters())
+    grads = dict(zip(params, torch.autograd.grad(sd, list(params.values()), allow_unused=True)))
+    norm = lambda prefix: sum(float(g.abs().sum()) for n, g in grads.items()  # noqa: E731
+                              if n.startswith(prefix) and g is not None)
+    assert norm("blocks.0.exit") > 1e-6 and norm("blocks.1.exit") > 1e-6  # the exits learn from the final output
+    if two_way:  # ... and the final head (and the last block) from the exits
+        assert norm("blocks.2.exit") > 1e-6 and norm("blocks.2.body") > 1e-6
+    else:  # the final output is only a (detached) teacher
+        assert norm("blocks.2.exit") == 0 and norm("blocks.2.body") == 0
 
 
 def test_refuses_heterogeneous_models():
@@ -143,44 +214,70 @@ def _fedalt_params(params, **fedalt):
     return params.model_copy(update={"fedalt": params.fedalt.model_copy(update=fedalt)})
 
 
-def test_bytes_equal_block_payloads_in_a_real_run(tiny_workspace, mnist):
+def _weighted_mean_of_clients(trainer) -> dict[str, torch.Tensor]:
+    states = [{n: t.detach().cpu() for n, t in c.model.state_dict().items()} for c in trainer.ctx.clients]
+    w = [float(c.num_train) for c in trainer.ctx.clients]
+    assert len(set(w)) > 1  # uneven clients: a plain mean would differ
+    out = {}
+    for n, t in states[0].items():
+        mean = sum(s[n].double() * wi for s, wi in zip(states, w)) / sum(w)
+        out[n] = mean.to(t.dtype) if t.is_floating_point() else mean.round().to(t.dtype)
+    return out
+
+
+def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    params = _fedalt_params(params, tiers=[1, 2, 3], tau=2)  # round 1 partial, round 2 full
+    # tau 1: round 1 partial (every client 1 or 2 blocks: tiers 1..2, links congested at random), round 2 full
+    params = _fedalt_params(params, tau=1, capacity=[0.5, 0.5, 0.0], congestion=0.5)
     trainer = _trainer(params, part, mnist)
     assert all(isinstance(c.model, MultiExitResNet) for c in trainer.ctx.clients)
     assert all(c.optimizer.param_groups[0]["params"][0] is next(c.model.parameters()) for c in trainer.ctx.clients)
-    summary = trainer.run()
+    sent = {(r, k): trainer.algorithm.blocks_sent(r, k) for r in (1, 2) for k in range(3)}
+    assert all(sent[1, k] < NUM_BLOCKS for k in range(3)) and all(sent[2, k] == NUM_BLOCKS for k in range(3))
+    trainer.start()
+    for r in (1, 2):
+        trainer.run_round(r)
+        # every client uploaded every block, so each block is the sample-weighted mean of all clients' blocks,
+        # also blocks 2 and 3 after the partial round, which no (or not every) client received
+        glob, mean = trainer.algorithm.global_state, _weighted_mean_of_clients(trainer)
+        assert glob.keys() == mean.keys()
+        for n, t in glob.items():
+            if t.is_floating_point():
+                torch.testing.assert_close(t, mean[n], rtol=1e-5, atol=1e-6, msg=f"round {r} {n}")
+            else:
+                assert torch.equal(t, mean[n]), n
+    summary = trainer.finish()
     state = trainer.ctx.clients[0].model.state_dict()
     size = {b: sum(nbytes(t) for t in block_state(state, b).values()) for b in (1, 2, 3)}
     con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
     rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
                        [summary["run_id"]]).fetchall()
-    extras = con.execute("SELECT DISTINCT name FROM round_metrics WHERE run_id = ?", [summary["run_id"]]).fetchall()
+    extras = dict(((r, n), v) for r, n, v in con.execute(
+        "SELECT round, name, value FROM round_metrics WHERE run_id = ?", [summary["run_id"]]).fetchall())
     per_round = con.execute("SELECT round, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
                             [summary["run_id"]]).fetchall()
     con.close()
     expected = []
-    for r, tiers in ((1, [1, 2, 3]), (2, [3, 3, 3])):
-        for k, m in enumerate(tiers):
-            for b in range(1, m + 1):
-                expected += [(r, k, d, f"block{b}", size[b]) for d in ("down", "up")]
+    for (r, k), m in sent.items():
+        expected += [(r, k, "down", f"block{b}", size[b]) for b in range(1, m + 1)]
+        expected += [(r, k, "up", f"block{b}", size[b]) for b in (1, 2, 3)]  # the whole model, whatever it received
     assert sorted(rows) == sorted(expected)
-    r1 = size[1] + (size[1] + size[2]) + (size[1] + size[2] + size[3])
-    assert per_round == [(0, 0, 0), (1, r1, r1), (2, 3 * sum(size.values()), 3 * sum(size.values()))]
-    assert summary["bytes_total"] == 2 * r1 + 6 * sum(size.values())
-    assert {n for (n,) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3"}
-    # after a full-model round every block was averaged over all clients
-    glob = trainer.algorithm.global_state
-    ups = [c.model.state_dict() for c in trainer.ctx.clients]
-    w = [float(c.num_train) for c in trainer.ctx.clients]
-    name = "blocks.2.exit.fc.weight"
-    mean = sum(u[name].double().cpu() * wi for u, wi in zip(ups, w)) / sum(w)
-    torch.testing.assert_close(glob[name], mean.float())
+    whole = sum(size.values())
+    down1 = sum(size[b] for k in range(3) for b in range(1, sent[1, k] + 1))
+    assert per_round == [(0, 0, 0), (1, 3 * whole, down1), (2, 3 * whole, 3 * whole)]
+    assert summary["bytes_total"] == down1 + 9 * whole
+    assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global"}
+    # acc_global: the global model (final exit) on every client's test split, the mean over clients
+    model = trainer.algorithm._global_model()
+    accs = [evaluate_model(model, c.x_test, c.y_test, 512)[0] for c in trainer.ctx.clients]
+    assert extras[2, "acc_global"] == pytest.approx(sum(accs) / 3)
+    personal = [evaluate_model(c.model, c.x_test, c.y_test, 512)[0] for c in trainer.ctx.clients]
+    assert extras[2, "acc_exit3"] == pytest.approx(sum(personal) / 3)
 
 
 def test_resume_continues_exactly(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    params = _fedalt_params(params, tiers=[1, 2], tau=2, vary_tiers=True)
+    params = _fedalt_params(params, capacity=[0.5, 0.5, 0.0], congestion=0.5, tau=2)
     straight = _trainer(params, part, mnist)
     straight.run()
     first = _trainer(params, part, mnist)

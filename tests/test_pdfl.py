@@ -1,5 +1,6 @@
-"""pDFL: the peer graph, attention-weighted aggregation, the class teachers, bytes per directed
-edge on a tiny real run, the switches, and an exact resume."""
+"""pDFL: the peer graph (and the default / paper presets), the learned attention, the internal
+teacher, bytes per directed edge (model copies, knowledge, feedback) on a tiny real run, the
+attention round metrics, the switches, and an exact resume."""
 
 import json
 import math
@@ -11,8 +12,8 @@ import torch
 
 from pipeline import paths
 from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.pdfl import (aggregate_bodies, attention_weights, body_state, class_teachers,
-                                      representations)
+from pipeline.algorithms.pdfl import (attention_weights, calibrate, init_projections, internal_teacher,
+                                      mixture_nll, model_state, ranked, train_attention)
 from pipeline.config import ConfigError, PDFLParams
 from pipeline.engine import Trainer
 from pipeline.losses import soft_kd_rows
@@ -24,7 +25,7 @@ from pipeline.topology import Topology, is_connected
 
 @pytest.mark.parametrize("seed", range(5))
 def test_static_graph_is_connected_with_min_degree_and_seeded(seed):
-    p = PDFLParams(edge_prob=0.25, min_degree=2)
+    p = PDFLParams(edge_prob=0.25, min_degree=2, topology="static")
     topo = Topology(20, p, seed)
     adj = topo.base
     assert (adj == adj.T).all() and not adj.diagonal().any()
@@ -73,55 +74,65 @@ def test_subsample_takes_a_seeded_subset_of_each_clients_neighbours():
     assert [a.tolist() for a in Topology(12, p, 1).in_neighbours(2)] == [a.tolist() for a in rounds[1]]
 
 
-# -- attention, teachers, aggregation ----------------------------------------------------
+# -- attention ---------------------------------------------------------------------------
 
-def _knowledge(classes, C=10, sharp=0.9, seed=0):
-    """Soft [C, C] of a client holding `classes` (mostly right predictions) and its counts."""
+def _reps(m, D=9, seed=0):
     g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(C, dtype=torch.int64)
-    counts[classes] = torch.randint(10, 30, (len(classes),), generator=g)
-    soft = torch.zeros(C, C)
-    noise = torch.rand(len(classes), C, generator=g)
-    rows = (1 - sharp) * noise / noise.sum(1, keepdim=True)
-    rows[torch.arange(len(classes)), torch.tensor(classes)] += sharp
-    soft[classes] = rows
-    return soft, counts
+    r = torch.rand(m + 1, D, generator=g)
+    return r[0], r[1:]
 
 
-def test_attention_weights_sum_to_one_and_drop_a_mismatched_neighbour():
-    own = _knowledge([0, 1, 2, 3, 4], seed=0)
-    peers = [_knowledge([0, 1, 2, 3, 4], seed=1), _knowledge([0, 1, 2, 3, 5], seed=2),
-             _knowledge([5, 6, 7, 8, 9], seed=3)]  # two like the client, one with disjoint classes
-    soft = torch.stack([own[0]] + [s for s, _ in peers])
-    counts = torch.stack([own[1]] + [c for _, c in peers])
-    reps = representations(soft, counts)
-    for heads in (1, 4, 7):
-        w = attention_weights(reps[0], reps[1:], heads)
-        assert w.sum().item() == pytest.approx(1.0, abs=1e-6) and (w > 0).all()
-        assert int(w.argmin()) == 2 and w[2] < 1 / 3  # the disjoint-class peer
-        assert w[0] > 1 / 3  # the most similar peer gets more than uniform
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_attention_weights_are_a_distribution_and_start_near_uniform(heads):
+    query, keys = _reps(5)
+    wq, wk = init_projections(9, heads, seed=0, client=3)
+    assert wq.shape == (heads, math.ceil(9 / heads), 9) and not torch.equal(wq, wk)
+    assert torch.equal(wq, init_projections(9, heads, seed=0, client=3)[0])  # seeded per client
+    w = attention_weights(query, keys, wq, wk)
+    assert w.shape == (5,) and (w >= 0).all() and w.sum().item() == pytest.approx(1.0, abs=1e-6)
+    assert (w - 0.2).abs().max() < 0.01  # the small init: nearly uniform before any training
 
 
-def test_class_teachers_top_k_and_calibration():
-    C = 3
-    soft = torch.tensor([
-        [[0.8, 0.1, 0.1], [0.2, 0.7, 0.1], [0.0, 0.0, 0.0]],  # peer 0: classes 0, 1
-        [[0.6, 0.3, 0.1], [0.6, 0.3, 0.1], [0.0, 0.0, 0.0]],  # peer 1: classes 0, 1 (wrong on 1)
-        [[0.2, 0.2, 0.6], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],  # peer 2: class 0 only, wrong
+def test_attention_projections_learn_to_trust_the_neighbour_that_fits_the_labels():
+    query, keys = _reps(3, seed=1)
+    n = 40
+    fit = torch.stack([torch.full((n,), 0.2), torch.full((n,), 0.9), torch.full((n,), 0.3)])  # p_j(x)[y]
+    fit[0, :5] = float("nan")  # NaN-safe
+    wq, wk = init_projections(9, 2, seed=0, client=0)
+    before = attention_weights(query, keys, wq, wk)
+    wq2, wk2 = train_attention(query, keys, fit, wq, wk, steps=30, lr=0.05)
+    after = attention_weights(query, keys, wq2, wk2)
+    assert not torch.equal(wq2, wq) and not torch.equal(wk2, wk)
+    assert int(after.argmax()) == 1 and after[1] > before[1] + 0.2
+    assert mixture_nll(after, fit) < mixture_nll(before, fit)
+    assert torch.isfinite(after).all() and after.sum().item() == pytest.approx(1.0, abs=1e-6)
+    # no steps: nothing learned
+    same = train_attention(query, keys, fit, wq, wk, steps=0, lr=0.05)
+    assert torch.equal(same[0], wq) and torch.equal(same[1], wk)
+
+
+# -- teachers ----------------------------------------------------------------------------
+
+def test_internal_teacher_is_the_calibrated_mixture_of_the_top_k_neighbours():
+    probs = torch.tensor([
+        [[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]],  # neighbour 0 on the client's two samples
+        [[0.1, 0.8, 0.1], [0.3, 0.3, 0.4]],  # neighbour 1 (lowest weight: not in the top 2)
+        [[0.3, 0.3, 0.4], [0.1, 0.1, 0.8]],  # neighbour 2
     ])
-    counts = torch.tensor([[5, 5, 0], [5, 5, 0], [5, 0, 0]])
-    w = torch.tensor([0.2, 0.5, 0.3])
-    t = class_teachers(soft, counts, w, top_k=2)
-    # class 0: top-2 holders by weight are peers 1 and 2
-    assert torch.allclose(t[0], (0.5 * soft[1, 0] + 0.3 * soft[2, 0]) / 0.8)
-    assert torch.allclose(t[1], (0.2 * soft[0, 1] + 0.5 * soft[1, 1]) / 0.7)  # only two hold class 1
-    assert torch.isnan(t[2]).all()  # nobody holds class 2
-    cal = class_teachers(soft, counts, w, top_k=2, calibrate=True)
-    assert torch.allclose(cal[0], t[0])  # argmax already right
-    assert torch.allclose(cal[1], t[1][[1, 0, 2]])  # argmax was 0: the probabilities of 0 and 1 swapped
-    assert cal[1].argmax() == 1 and torch.allclose(cal[:2].sum(1), torch.ones(2))
-    full = class_teachers(soft, counts, w)
-    assert torch.allclose(full[0], (0.2 * soft[0, 0] + 0.5 * soft[1, 0] + 0.3 * soft[2, 0]))
+    w = torch.tensor([0.5, 0.2, 0.3])
+    y = torch.tensor([0, 1])
+    t = internal_teacher(probs, w, y, top_k=2)
+    # by hand: weights 0.5 and 0.3 renormalised to 0.625 / 0.375
+    assert torch.allclose(t[0], torch.tensor([0.4875, 0.3, 0.2125]))  # argmax 0 = y: unchanged
+    assert torch.allclose(t[1], torch.tensor([0.1625, 0.4875, 0.35]))  # argmax 2 != y = 1: swapped
+    assert (t >= 0).all() and torch.allclose(t.sum(1), torch.ones(2)) and (t.argmax(1) == y).all()
+    other = probs.clone()
+    other[1] = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert torch.equal(internal_teacher(other, w, y, top_k=2), t)  # not chosen: no influence
+    everyone = internal_teacher(probs, w, y, top_k=5)  # top_k >= neighbours: all of them
+    assert torch.allclose(everyone, calibrate((w[:, None, None] * probs).sum(0), y))
+    # uniform weights (attention off): ties go to the lower client index
+    assert ranked(torch.full((4,), 0.25), 2).tolist() == [0, 1]
 
 
 def test_soft_kd_is_zero_at_the_teacher_and_skips_missing_rows():
@@ -134,27 +145,62 @@ def test_soft_kd_is_zero_at_the_teacher_and_skips_missing_rows():
     assert soft_kd_rows(logits + torch.randn(4, 5), teacher, T).sum().item() > 0
 
 
-def test_aggregation_is_the_weighted_mean_of_the_bodies():
-    from models.resnet import build_model
+# -- params and presets ----------------------------------------------------------------------
 
-    models = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        models.append(build_model("resnet8", 1, 10))
-    states = [body_state(m) for m in models]
-    assert states[0] and all(n.startswith(("stem.", "stages.")) for n in states[0])
-    assert not any(n.startswith("head.") for n in states[0])
-    states[1]["stem.1.num_batches_tracked"] = torch.tensor(7)
-    w = torch.tensor([0.25, 0.75])
-    out = aggregate_bodies(states[0], states[1:], w, self_weight=0.4)
-    for name, mine in states[0].items():
-        if mine.is_floating_point():
-            expected = 0.4 * mine.double() + 0.6 * (0.25 * states[1][name].double() + 0.75 * states[2][name].double())
-            assert torch.allclose(out[name].double(), expected, atol=1e-6), name
-        else:
-            assert torch.equal(out[name], mine)  # counters stay the client's own
-    assert all(torch.equal(a, b) for a, b in zip(aggregate_bodies(states[0], states[1:], w, 1.0).values(),
-                                                 states[0].values()))
+@pytest.mark.parametrize("key,value", [("external_peers", 0), ("attention_steps", -1), ("external_steps", 0),
+                                       ("attention_lr", 0), ("top_k", 0)])
+def test_bad_pdfl_values_are_clear_errors(key, value):
+    from conftest import tiny_params_raw
+    from pipeline.config import parse_params
+
+    with pytest.raises(ConfigError, match=rf"pdfl\.{key}"):
+        parse_params(tiny_params_raw({"pdfl": {key: value}}))
+
+
+def test_self_weight_is_gone():
+    from conftest import tiny_params_raw
+    from pipeline.config import parse_params
+
+    with pytest.raises(ConfigError, match=r"pdfl\.self_weight.*unknown key"):
+        parse_params(tiny_params_raw({"pdfl": {"self_weight": 0.5}}))
+
+
+def _pdfl_section(preset: str | None = None) -> tuple[PDFLParams, int]:
+    import yaml
+
+    from conftest import REPO_ROOT
+
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    section, K = dict(raw["pdfl"]), raw["partition"]["num_clients"]
+    if preset:
+        over = yaml.safe_load((REPO_ROOT / "presets" / f"{preset}.yaml").read_text())
+        section.update(over.get("pdfl", {}))
+        K = over.get("partition", {}).get("num_clients", K)
+    return PDFLParams(**section), K
+
+
+@pytest.mark.parametrize("preset,K,degree", [(None, 30, 4), ("pdfl_paper", 100, 10)])
+def test_default_and_paper_topologies_draw_within_max_redraws(preset, K, degree):
+    p, k = _pdfl_section(preset)
+    assert k == K and p.min_degree == degree and p.topology == "redraw"
+    for seed in (0, 1):
+        topo = Topology(K, p, seed)  # a ConfigError if no draw within max_redraws
+        for r in range(1, 6):
+            nbrs = topo.in_neighbours(r)
+            assert min(len(n) for n in nbrs) >= degree
+            assert topo.draws[r] <= p.max_redraws
+    if preset is None:  # scaled down for `make run`: about 6-8 neighbours
+        assert 6 <= p.edge_prob * (K - 1) <= 8
+
+
+def test_paper_preset_is_a_valid_params_override():
+    from pipeline.presets import check
+
+    from conftest import REPO_ROOT
+
+    flat = check("pdfl_paper", REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
+    assert flat == {"partition.num_clients": 100, "pdfl.edge_prob": 0.2, "pdfl.min_degree": 10,
+                    "pdfl.topology": "redraw"}
 
 
 # -- real runs on the tiny workspace --------------------------------------------------------
@@ -162,7 +208,7 @@ def test_aggregation_is_the_weighted_mean_of_the_bodies():
 def _params(params, rounds=2, **pdfl):
     return params.model_copy(update={
         "train": params.train.model_copy(update={"rounds": rounds}),
-        "pdfl": params.pdfl.model_copy(update={"edge_prob": 1.0, "min_degree": 1, **pdfl}),
+        "pdfl": params.pdfl.model_copy(update={"edge_prob": 1.0, "min_degree": 1, "topology": "static", **pdfl}),
     })
 
 
@@ -171,34 +217,84 @@ def _trainer(params, part, mnist, ckpt="pdfl.pt"):
                    ResultsDB(paths.RESULTS_DB), [paths.PARTITION])
 
 
-def test_bytes_equal_payload_sizes_per_directed_edge(tiny_workspace, mnist):
-    _, params, part = tiny_workspace
-    trainer = _trainer(_params(params), part, mnist)
-    summary = trainer.run()
-    C = part.num_classes
-    body = sum(t.numel() * t.element_size() for t in body_state(trainer.ctx.clients[0].model).values())
+def _query(sql, run_id):
     con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
-    rows = con.execute("SELECT round, client_id, direction, kind, bytes, peer_id FROM comm WHERE run_id = ? "
-                       "ORDER BY ALL", [summary["run_id"]]).fetchall()
-    extras = con.execute("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL",
-                         [summary["run_id"]]).fetchall()
-    con.close()
+    try:
+        return con.execute(sql, [run_id]).fetchall()
+    finally:
+        con.close()
+
+
+def _nbytes(state):
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_bytes_per_directed_edge_with_feedback_delivered_next_round(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = _trainer(_params(params, external_peers=1), part, mnist)
+    trainer.start()
+    start = [model_state(c.model) for c in trainer.ctx.clients]  # what travels in round 1
+    trainer.run_round(1)
+    top = {i: nbrs[int(torch.tensor(w).argmax())] for i, (nbrs, w) in trainer.algorithm.last_weights.items()}
+    pending = trainer.algorithm.feedback
+    assert {(i, j) for j, by in pending.items() for i in by} == {(i, j) for i, j in top.items()}
+    for j, by in pending.items():
+        for i, state in by.items():  # i optimised j's round-1 copy: it differs from what i received
+            assert state.keys() == start[j].keys()
+            assert any(not torch.equal(state[n], start[j][n]) for n in state if state[n].is_floating_point())
+    trainer.run_round(2)
+    summary = trainer.finish()
+    C = part.num_classes
+    model = _nbytes(start[0])
+    rows = _query("SELECT round, client_id, direction, kind, bytes, peer_id FROM comm WHERE run_id = ? ORDER BY ALL",
+                  summary["run_id"])
     expected = []
     for r in (1, 2):
         for j in range(3):
             for i in range(3):
                 if i != j:  # complete graph on 3 clients: 6 directed edges
-                    expected += [(r, j, "up", "body", body, i), (r, j, "up", "knowledge", C * C * 4 + C * 8, i)]
+                    expected += [(r, j, "up", "model", model, i), (r, j, "up", "knowledge", C * C * 4 + C * 8, i)]
+    # round-1 feedback, counted on delivery (round 2) on the edge i -> j
+    expected += [(2, i, "up", "feedback", model, j) for i, j in top.items()]
     assert sorted(rows) == sorted(expected)
-    assert summary["bytes_total"] == 2 * 6 * (body + C * C * 4 + C * 8) and summary["bytes_down"] == 0
+    assert summary["bytes_down"] == 0
+    extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
+    assert [(r, v) for r, n, v in extras if n == "feedback_delivered"] == [(1, 0.0), (2, 3.0)]
+    assert [(r, v) for r, n, v in extras if n == "edges"] == [(1, 6.0), (2, 6.0)]
     topo = json.loads((paths.run_dir("pdfl") / "topology.json").read_text())
     assert topo["base_edges"] == [[0, 1], [0, 2], [1, 2]] and topo["kind"] == "static"
     assert 0 < summary["maua"] <= 1
-    assert [(r, v) for r, n, v in extras if n == "edges"] == [(1, 6.0), (2, 6.0)]
+
+
+def test_no_feedback_without_external_kd(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = _trainer(_params(params, external_kd=False), part, mnist)
+    summary = trainer.run()
+    assert trainer.algorithm.feedback == {}
+    kinds = {k for (k,) in _query("SELECT DISTINCT kind FROM comm WHERE run_id = ?", summary["run_id"])}
+    assert kinds == {"model", "knowledge"}
+
+
+def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = _trainer(_params(params), part, mnist)
+    summary = trainer.run()
+    extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
+    for r in (1, 2):
+        attn = {n: v for rr, n, v in extras if rr == r and n.startswith("attn:")}
+        assert set(attn) == {f"attn:{i}<-{j}" for i in range(3) for j in range(3) if i != j}
+        for i in range(3):
+            assert sum(v for n, v in attn.items() if n.startswith(f"attn:{i}<-")) == pytest.approx(1.0)
+        best = [max(v for n, v in attn.items() if n.startswith(f"attn:{i}<-")) for i in range(3)]
+        assert dict((n, v) for rr, n, v in extras if rr == r)["attention_max"] == pytest.approx(sum(best) / 3)
+    # the last round's metrics are the weights the clients used
+    last = {n: v for rr, n, v in extras if rr == 2}
+    for i, (nbrs, w) in trainer.algorithm.last_weights.items():
+        assert [last[f"attn:{i}<-{j}"] for j in nbrs] == pytest.approx(w)
 
 
 @pytest.mark.parametrize("switch", [
-    {"attention": False}, {"internal_kd": False}, {"external_kd": False},
+    {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "body_then_head"},
     {"internal_kd": False, "external_kd": False, "order": "body_then_head"},
 ])
 def test_switches_run(tiny_workspace, mnist, switch):
@@ -214,20 +310,28 @@ def test_switches_run(tiny_workspace, mnist, switch):
         assert sorted(nbrs) == sorted({0, 1, 2} - {i}) and sum(w) == pytest.approx(1.0)
         if switch.get("attention") is False:
             assert w == pytest.approx([0.5, 0.5])
+            assert "attn_wq" not in trainer.ctx.clients[i].state
+        else:
+            assert w != pytest.approx([0.5, 0.5], abs=1e-4)  # learned in round 1, not uniform any more
 
 
-def test_bodies_start_common_and_heads_personal(tiny_workspace, mnist):
+def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params), part, mnist)
-    heads = [c.model.head.weight.detach().clone() for c in trainer.ctx.clients]
-    trainer.start()  # round 0
-    bodies = [body_state(c.model) for c in trainer.ctx.clients]
-    assert all(torch.equal(bodies[0][n], b[n]) for b in bodies[1:] for n in b)
-    assert all(torch.equal(h, c.model.head.weight) for h, c in zip(heads, trainer.ctx.clients))
-    assert not torch.equal(heads[0], heads[1])
+    initial = [model_state(c.model) for c in trainer.ctx.clients]
+    trainer.start()  # round 0: nothing sent, nothing averaged
+    for c, s in zip(trainer.ctx.clients, initial):
+        assert all(torch.equal(s[n], t) for n, t in c.model.state_dict().items())
+    assert not torch.equal(initial[0]["stem.0.weight"], initial[1]["stem.0.weight"])  # no common body
     assert (trainer.algorithm.counts.sum(1) == torch.from_numpy(np.diff(part.train_offsets))).all()
     assert torch.allclose(trainer.algorithm.soft.sum(2)[trainer.algorithm.counts > 0], torch.tensor(1.0))
     assert trainer.ctx.ledger.total() == 0
+    trainer.run_round(1)
+    saved = torch.load(paths.CHECKPOINTS / "pdfl.pt", weights_only=True)
+    for c in saved["clients"]:
+        assert all(isinstance(v, torch.Tensor) for v in c["state"].values())
+        assert c["state"]["attn_wq"].shape == (4, 25, 100)  # heads x ceil(C*C / heads) x C*C, persisted
+    assert saved["algorithm"]["feedback"]  # the undelivered feedback travels with the checkpoint
 
 
 def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
@@ -243,10 +347,12 @@ def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
     resumed = _trainer(p, part, mnist)
     assert resumed.start() == 3
     assert resumed.algorithm.topology.history.keys() == {1, 2}
+    assert resumed.algorithm.feedback.keys() == first.algorithm.feedback.keys()
     resumed.run_round(3)
     for a, b in zip(reference.ctx.clients, resumed.ctx.clients):
         for (n, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(x, y), n
+        assert torch.equal(a.state["attn_wq"], b.state["attn_wq"])
     assert torch.equal(reference.algorithm.soft, resumed.algorithm.soft)
     assert reference.ctx.ledger.state_dict() == resumed.ctx.ledger.state_dict()
     assert reference.algorithm.topology.to_json() == resumed.algorithm.topology.to_json()

@@ -22,7 +22,9 @@ def _run(params, part, algorithm, mnist):
 def test_fedcache_bytes_equal_the_payload_formula(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer, summary = _run(params, part, "fedcache", mnist)
-    C, d = part.num_classes, np.load(paths.HASHES).shape[1]
+    C = part.num_classes
+    h = np.load(paths.HASHES)
+    code = h.shape[1] * h.itemsize  # bytes of one sample's code (packed bits or float16)
     sizes = np.diff(part.train_offsets)
     con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
     rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
@@ -32,15 +34,15 @@ def test_fedcache_bytes_equal_the_payload_formula(tiny_workspace, mnist):
     con.close()
     expected = []
     for k, n in enumerate(sizes):
-        expected.append((0, k, "up", "hashes", int(n * (8 + 8 + 2 * d))))  # ids, labels, float16 codes
+        expected.append((0, k, "up", "hashes", int(n * (8 + 8 + code))))  # ids, labels, codes
     for r in (1, 2):
         for k, n in enumerate(sizes):
             expected += [(r, k, "down", "knowledge", int(n * 4 * C)), (r, k, "up", "logits", int(n * (8 + 4 * C)))]
     assert sorted(rows) == sorted(expected)
     N = int(sizes.sum())
-    assert per_round == [(0, N * (16 + 2 * d), 0), (1, N * (8 + 4 * C), N * 4 * C), (2, N * (8 + 4 * C), N * 4 * C)]
-    assert summary["bytes_setup"] == N * (16 + 2 * d)
-    assert summary["bytes_total"] == N * (16 + 2 * d) + 2 * N * (8 + 8 * C)
+    assert per_round == [(0, N * (16 + code), 0), (1, N * (8 + 4 * C), N * 4 * C), (2, N * (8 + 4 * C), N * 4 * C)]
+    assert summary["bytes_setup"] == N * (16 + code)
+    assert summary["bytes_total"] == N * (16 + code) + 2 * N * (8 + 8 * C)
 
 
 def test_maua_and_per_client_bookkeeping(tiny_workspace, mnist):

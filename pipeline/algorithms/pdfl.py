@@ -1,52 +1,68 @@
-"""pDFL: personalized decentralized FL -- attention-weighted body aggregation + two-way KD, no server.
+"""pDFL: personalized decentralized FL -- learned multi-head attention over peers + two-way KD, no server.
 
 The model is split into a shared body (ResNet stem + stages + pooling, i.e. `model.features`)
-and a personal head (`model.head`). Clients sit on a peer graph (pipeline/topology.py).
+and a personal head (`model.head`). Clients sit on a peer graph (pipeline/topology.py). Nobody
+averages parameters: every client keeps its own body and head; peers' models are used only as
+teachers (their outputs), and the knowledge flows both ways.
 
-One round, for every selected client i (all computed from the state at the start of the round,
+One round t, for every selected client i (all computed from the state at the start of the round,
 so the order of clients does not matter):
-  1. receive from every in-neighbour j its body (state_dict of stem + stages, BatchNorm
-     buffers included) and its knowledge: P_j [C, C], the mean softmax(logits / T) of j's
-     training samples of each class (eval mode, after j's last local training; zero rows for
-     classes j lacks), and its class counts n_j [C];
-  2. attention: a client's representation is its label-mix-weighted knowledge
-     r = (n / sum n)[:, None] * P, flattened to C*C (the joint table of label and soft
-     prediction). It is cut into `heads` contiguous chunks (each head sees a group of classes);
-     each chunk is layer-normalised (no affine: identity query/key projections), the score is
-     <q_i^h, k_j^h> / sqrt(d_h), a softmax over the neighbours per head, and the weights are
-     the mean of the per-head softmaxes. A peer with a different label mix or different
-     predictions scores low. `attention: false` -> uniform weights;
-  3. aggregation: body_i <- self_weight * body_i + (1 - self_weight) * sum_j w_j body_j
-     (float tensors; integer buffers -- BatchNorm's step counter -- keep i's own value);
-  4. internal KD (head, body frozen): CE + kd_weight * T^2 * KL(t_int[y] || student / T). The
-     teacher for class c is the attention-weighted mean of P_j[c] over the `top_k` neighbours
-     with the highest weight among those holding class c, renormalised; calibration: if its
-     argmax is not c, the probabilities of c and of the argmax are swapped (c becomes the argmax
-     and the target keeps the softness of temperature T, which a one-hot mix would not);
-  5. external KD (body, head frozen): CE + kd_weight * T^2 * KL(t_ext[y] || student / T), with
-     t_ext[c] the attention-weighted mean of P_j[c] over all neighbours holding c (renormalised,
-     not calibrated): the body is aligned with the neighbourhood's consensus;
-     `order: body_then_head` runs 5 before 4; with a KD switch off that phase is CE only;
-  6. compute its own knowledge (P_i, n_i) for the next round: "sending it back" is counted
-     when the neighbours receive it.
+  1. receive, from every in-neighbour j of round t: j's whole model copy (state_dict at the start of
+     the round, BatchNorm buffers included) and j's knowledge (P_j [C, C], the mean softmax(logits/T)
+     of j's training samples per class, eval mode, after j's last training, zero rows for classes j
+     lacks; its class counts n_j [C]); plus the feedback copies of i's own model that peers
+     optimised for i in an earlier round (step 5) and that were not yet delivered;
+  2. attention: p_j(x) = softmax(M_j(x)/T) of every neighbour copy on `attention_samples` seeded
+     samples of i's own training data (all when null; eval mode, no grad; one forward pass per
+     (round, j, i), batched by train.eval_batch_size; only the top_k teachers of step 3 are then
+     run on every sample, which bounds the cost of a large neighbourhood). A
+     representation is r = (n / sum n)[:, None] * P flattened to C*C (the joint table of label and
+     soft prediction), standardised without parameters (zero mean, unit norm). `heads` heads, each with i's own
+     learned projections W_q^h, W_k^h [d_h, C*C] (d_h = ceil(C*C / heads)); the weights are
+     w_ij = mean_h softmax_j(<W_q^h r_i, W_k^h r_j> / sqrt(d_h)). Before they are used, i trains its
+     projections for `attention_steps` Adam steps (`attention_lr`; a fresh Adam each round) on
+     -mean_x log(sum_j w_ij p_j(x)[y]) over those samples: the weighting whose mixture
+     teacher explains i's own labels best. The projections live in client.state (seeded init of
+     std 0.5 / sqrt(C*C), so the first weights are nearly uniform) and persist across rounds; the
+     keys are computed from the neighbours' representations, so what is learned carries over to
+     a time-varying neighbourhood. `attention: false` -> uniform weights;
+  3. internal KD (head phase, body frozen): CE + kd_weight * T^2 * KL(t_int(x) || softmax(student/T))
+     with ONE teacher per sample: t_int(x) = sum over the `top_k` highest-weighted neighbours of
+     w_ij p_j(x), renormalised over them, then calibrated: where its argmax is not y, the
+     probabilities of y and of the argmax are swapped (y becomes the argmax and the target keeps
+     the softness of temperature T);
+  4. body phase (head frozen): CE + kd_weight * T^2 * KL(t_ext(x) || softmax(student/T)) with
+     t_ext(x) = the mean over the feedback copies F that i received of softmax(F(x)/T) on its own
+     samples (calibrated as in 3 only with `external_calibrate`, off by default: the paper
+     calibrates the internal teacher): the neighbours' domain expertise, fed back, aligns i's shared representation. No
+     feedback yet (round 1) or `external_kd: false` -> CE only. `order: body_then_head` swaps 3/4;
+  5. external KD, outbound (after i's own training): i takes the copies M_j of its
+     `external_peers` highest-weighted neighbours and trains each for `external_steps` SGD steps
+     (train.lr / momentum / weight_decay, batch train.batch_size, seeded order, train mode) on
+     its own data with CE + kd_weight * T^2 * KL(softmax(M_i(x)/T) || M_j-copy(x)/T), i's trained
+     model as the teacher. The copy goes back to j: kept in the upload, delivered by the network
+     simulator (this module's server half; pDFL has no server) in j's next download as
+     Payload("feedback", state, sender=i). Only the latest feedback per directed pair is kept;
+  6. publish i's new knowledge (P_i, n_i), sent to its neighbours next round.
 
-Each phase is one pass (train.local_epochs epochs) over the local data, so a round is a
-head-only pass (body forward without gradients, about a third of a training step) plus one
-ordinary pass, plus one forward pass for the knowledge. The first phase uses the same batch
-order as the other methods' epoch; the second its own seeded order. In the head phase the
-body's parameters are frozen but the model stays in train mode (BatchNorm batch statistics,
-running statistics updated), as FedRep-style implementations do.
+Ties in a ranking by weight (uniform weights with attention off) go to the lower client id.
+Each training phase is one pass (train.local_epochs epochs) over the local data; the first uses
+the batch order every method's first pass uses, the second its own seeded order. In the head
+phase the body gets no gradient and the model stays in train mode (BatchNorm batch statistics),
+as FedRep-style code does.
 
-Round 0 (nothing is sent): every client starts from a common body (client 0's initial one, as
-FedAvg's global model; peers agree on it through the shared seed) and its own initial head, and
-computes its knowledge from that initial model.
-Bytes, per directed edge j -> i and round, on the sender's side (client j, "up", peer i):
-kind "body" = nbytes of the body state_dict, kind "knowledge" = C*C*4 (float32 P) + C*8 (int64 n).
+Round 0 (nothing is sent): every client keeps its own initial model (as local-only training:
+nothing is averaged, so the bodies need not start aligned) and computes its knowledge from it.
+Bytes, per directed edge j -> i, on the sender's side (client j, "up", peer i): kind "model" =
+nbytes of j's state_dict, "knowledge" = C*C*4 (float32 P) + C*8 (int64 n), both in round t;
+"feedback" = nbytes of the optimised copy's state_dict on the edge i -> j (sender i, peer j),
+counted when it is delivered, i.e. in the round of j's next download (t + 1 when j takes part).
 The topology is written to <run_dir>/topology.json (per-round edges when time-varying).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -56,15 +72,15 @@ from pipeline.algorithms.base import LocalUpdate, Method, Phase, Upload
 from pipeline.clients import Client, Context
 from pipeline.comm import Payload
 from pipeline.losses import ce_rows, soft_kd_rows
+from pipeline.seeds import torch_generator
 from pipeline.topology import Topology
 
-BODY_PREFIXES = ("stem.", "stages.")
-Teacher = torch.Tensor | None  # a [C, C] table of class teachers, None when that KD term is off
+State = dict[str, torch.Tensor]
 
 
-def body_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The shared part: stem + stages parameters and buffers (pooling has none)."""
-    return {n: t.detach().clone() for n, t in model.state_dict().items() if n.startswith(BODY_PREFIXES)}
+def model_state(model: torch.nn.Module) -> State:
+    """A detached copy of the whole state_dict (what travels as a model copy)."""
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
 
 
 def representations(soft: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -73,72 +89,124 @@ def representations(soft: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return (mix.unsqueeze(-1) * soft.float()).flatten(1)
 
 
-def attention_weights(query: torch.Tensor, keys: torch.Tensor, heads: int) -> torch.Tensor:
-    """query [D] (the client's representation), keys [m, D] (its neighbours') -> weights [m]
-    summing to one: mean over heads of softmax_j(<LN(q^h), LN(k_j^h)> / sqrt(d_h))."""
-    H = max(1, min(heads, query.numel()))
-    weights = keys.new_zeros(len(keys))
-    for q, k in zip(torch.tensor_split(query, H), torch.tensor_split(keys, H, dim=1)):
-        d = q.numel()
-        scores = F.layer_norm(k, (d,)) @ F.layer_norm(q, (d,)) / math.sqrt(d)
-        weights += torch.softmax(scores, dim=0)
-    return weights / H
+def head_dim(D: int, heads: int) -> int:
+    return max(1, math.ceil(D / heads))
 
 
-def class_teachers(soft: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor, top_k: int | None = None,
-                   calibrate: bool = False) -> torch.Tensor:
-    """Neighbours' soft [m, C, C], counts [m, C], weights [m] -> teacher table [C, C] (probabilities;
-    NaN rows for classes no neighbour holds). For each class: the weighted mean of the holders'
-    rows, restricted to the top_k holders by weight when given, renormalised; `calibrate` swaps, in a row
-    whose argmax is not its class, the probabilities of the class and of the argmax (the class becomes
-    the argmax and the row keeps its softness, i.e. it stays a distribution at temperature T)."""
-    m, C = counts.shape
-    held = counts > 0
-    w = torch.where(held, weights.unsqueeze(1), torch.zeros((), dtype=weights.dtype))  # [m, C]
-    if top_k is not None and top_k < m:
-        ranked = torch.where(held, weights.unsqueeze(1), torch.full((), -1.0, dtype=weights.dtype))
-        chosen = torch.zeros_like(held).scatter_(0, ranked.topk(top_k, dim=0).indices, True)
-        w = w * chosen
-    total = w.sum(dim=0)  # [C]
-    table = (w.unsqueeze(-1) * soft.float()).sum(dim=0) / total.clamp_min(1e-30).unsqueeze(1)
-    table = table / table.sum(dim=1, keepdim=True).clamp_min(1e-30)
-    if calibrate:  # swap the true class's probability with the teacher's top one where they differ
-        rows = torch.arange(C)
-        top = table.argmax(dim=1)
-        top_p, true_p = table[rows, top], table[rows, rows]
-        table[rows, top] = true_p
-        table[rows, rows] = top_p
-    table[total <= 0] = float("nan")
-    return table
+def init_projections(D: int, heads: int, seed: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded (W_q, W_k), each [heads, d_h, D], std 0.5 / sqrt(D): scores near 0, weights near uniform."""
+    gen = torch_generator(seed, "pdfl-attention", client)
+    shape = (heads, head_dim(D, heads), D)
+    std = 0.5 / math.sqrt(D)
+    return torch.randn(shape, generator=gen) * std, torch.randn(shape, generator=gen) * std
 
 
-def aggregate_bodies(own: dict[str, torch.Tensor], neighbours: list[dict[str, torch.Tensor]], weights: torch.Tensor,
-                     self_weight: float) -> dict[str, torch.Tensor]:
-    """self_weight * own + (1 - self_weight) * sum_j weights[j] * neighbours[j] for float tensors
-    (accumulated in float64); integer buffers keep the client's own value."""
-    out = {}
-    for name, mine in own.items():
-        if not mine.is_floating_point():
-            out[name] = mine.clone()
-            continue
-        acc = mine.double() * self_weight
-        for w, state in zip(weights.tolist(), neighbours):
-            acc = acc + state[name].double() * ((1 - self_weight) * w)
-        out[name] = acc.to(mine.dtype)
+def standardise(r: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> zero mean, unit norm over the last dimension (parameter-free)."""
+    D = r.shape[-1]
+    return F.layer_norm(r, (D,)) / math.sqrt(D)
+
+
+def attention_weights(query: torch.Tensor, keys: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
+    """query [D] (the client's representation), keys [m, D] (its neighbours'), projections [H, d_h, D]
+    -> weights [m] (>= 0, summing to one): mean over heads of softmax_j(<W_q r_i, W_k r_j> / sqrt(d_h))."""
+    q = torch.einsum("hdk,k->hd", wq, standardise(query.to(wq.dtype)))
+    k = torch.einsum("hdk,mk->hmd", wk, standardise(keys.to(wk.dtype)))
+    scores = torch.einsum("hd,hmd->hm", q, k) / math.sqrt(wq.shape[1])
+    return torch.softmax(scores, dim=1).mean(dim=0)
+
+
+def mixture_nll(weights: torch.Tensor, fit: torch.Tensor) -> torch.Tensor:
+    """-mean_x log(sum_j w_j p_j(x)[y]); fit [m, n] = p_j(x)[y] (NaN counts as 0; log clamped)."""
+    mix = (weights.unsqueeze(1) * torch.nan_to_num(fit.to(weights.dtype), nan=0.0)).sum(dim=0)
+    return -torch.log(mix.clamp_min(1e-12)).mean()
+
+
+def train_attention(query: torch.Tensor, keys: torch.Tensor, fit: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                    steps: int, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` Adam steps on mixture_nll of the attention weights; returns the new (W_q, W_k)."""
+    wq, wk = wq.detach().clone().requires_grad_(True), wk.detach().clone().requires_grad_(True)
+    opt = torch.optim.Adam([wq, wk], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = mixture_nll(attention_weights(query, keys, wq, wk), fit)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return wq.detach(), wk.detach()
+
+
+def probe_rows(n: int, size: int | None, seed: int, round_: int, client: int) -> torch.Tensor | None:
+    """The seeded subset (sorted local indices) of a client's samples its attention is fitted on;
+    None: all of them."""
+    if size is None or size >= n:
+        return None
+    gen = torch_generator(seed, "pdfl-attention-samples", round_, client)
+    return torch.randperm(n, generator=gen)[:size].sort().values
+
+
+def ranked(weights: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest weights, ties to the lower index."""
+    return torch.argsort(-weights, stable=True)[:k]
+
+
+def calibrate(teacher: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per row: if the argmax is not y, swap the probabilities of y and of the argmax."""
+    rows = torch.arange(len(y), device=teacher.device)
+    top = teacher.argmax(dim=1)
+    out = teacher.clone()
+    top_p, true_p = teacher[rows, top], teacher[rows, y]
+    out[rows, top] = true_p
+    out[rows, y] = top_p
     return out
 
 
-@torch.inference_mode()
-def class_knowledge(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, T: float,
-                    batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P [C, C] float32: mean softmax(logits / T) per class, zero rows for absent classes;
-    n [C] int64 class counts), eval mode, on CPU."""
+def internal_teacher(probs: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
+    """probs [m, n, C] (neighbours' tempered outputs on the client's samples), weights [m] -> [n, C]:
+    sum over the top_k neighbours by weight of w_j p_j(x), renormalised over them, calibrated."""
+    chosen = ranked(weights, top_k)
+    w = weights[chosen].to(probs.dtype)
+    w = w / w.sum().clamp_min(1e-30)
+    return calibrate((w[:, None, None] * probs[chosen]).sum(dim=0), y)
+
+
+@torch.no_grad()
+def soft_outputs(model: torch.nn.Module, x: torch.Tensor, T: float, batch_size: int) -> torch.Tensor:
+    """softmax(model(x) / T) [n, C] in eval mode, in batches."""
     model.eval()
-    sums = torch.zeros(num_classes, num_classes, device=x.device)
-    for start in range(0, len(y), batch_size):
-        sums.index_add_(0, y[start:start + batch_size], torch.softmax(model(x[start:start + batch_size]) / T, dim=1))
+    return torch.cat([torch.softmax(model(x[s:s + batch_size]) / T, dim=1) for s in range(0, len(x), batch_size)])
+
+
+def class_knowledge_from(soft: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample soft outputs [n, C] -> (P [C, C] float32: mean per class, zero rows for absent
+    classes; n [C] int64 class counts), on CPU."""
+    sums = torch.zeros(num_classes, num_classes, dtype=soft.dtype, device=soft.device).index_add_(0, y, soft)
     counts = torch.bincount(y, minlength=num_classes)
     return (sums / counts.clamp_min(1).unsqueeze(1)).float().cpu(), counts.long().cpu()
+
+
+def external_copy(scratch: torch.nn.Module, state: State, x: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor,
+                  params, gen: torch.Generator) -> State:
+    """Step 5 for one peer: load the peer's copy into `scratch`, train it `external_steps` SGD steps on
+    (x, y) with CE + kd_weight * T^2 * KL(teacher || copy / T), return its new state."""
+    p, t = params.pdfl, params.train
+    scratch.load_state_dict(state)
+    scratch.train()
+    opt = torch.optim.SGD(scratch.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    n = len(y)
+    b = min(t.batch_size, n)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(p.external_steps):
+        if pos + b > n:  # a fresh seeded permutation; every step is a full batch
+            perm, pos = torch.randperm(n, generator=gen), 0
+        idx = perm[pos:pos + b].to(x.device)
+        pos += b
+        logits = scratch(x[idx])
+        loss = ce_rows(logits, y[idx]) + p.kd_weight * soft_kd_rows(logits, teacher[idx], p.T)
+        opt.zero_grad(set_to_none=True)
+        loss.mean().backward()
+        opt.step()
+    return model_state(scratch)
 
 
 def is_head(name: str) -> bool:
@@ -153,6 +221,8 @@ class PDFLClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.p = params.pdfl
+        # between begin and end of a round: the peer copies client i will optimise for them (step 5)
+        self.held: dict[int, list[tuple[int, State]]] = {}
 
     def phases(self, round_):
         head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
@@ -161,28 +231,64 @@ class PDFLClient(LocalUpdate):
         return [Phase(0, is_body, "body"), Phase(1, is_head, "head")]
 
     def begin(self, client, download, round_):
-        """Steps 2-3 on the client: score the neighbours from their knowledge, aggregate bodies,
-        build the internal (calibrated, top-k) and external class teachers."""
+        """Steps 2-4 on the client: neighbour outputs on its data, train its attention, build the
+        internal (top-k, calibrated) and external (feedback) per-sample teachers."""
         p = self.p
-        bodies = {m.sender: m.arrays for m in download if m.kind == "body"}
+        bs = self.params.train.eval_batch_size
+        models = {m.sender: m.arrays for m in download if m.kind == "model"}
         knowledge = {m.sender: m.arrays for m in download if m.kind == "knowledge"}
-        J = sorted(bodies)
-        soft = torch.stack([knowledge[j]["soft"] for j in J])
-        counts = torch.stack([knowledge[j]["counts"] for j in J])
+        feedback = sorted(((m.sender, m.arrays) for m in download if m.kind == "feedback"), key=lambda f: f[0])
+        J = sorted(models)
+        x, y = client.x_train, client.y_train
+        n = len(y)
+        scratch = copy.deepcopy(client.model)
+
+        def outputs(j: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+            scratch.load_state_dict(models[j])
+            return soft_outputs(scratch, x if rows is None else x[rows], p.T, bs)
+
+        full: dict[int, torch.Tensor] = {}  # j -> p_j(x) on all of i's samples, computed at most once
         if p.attention:
-            mine = representations(client.state["soft"][None], client.state["counts"][None])[0]
-            w = attention_weights(mine, representations(soft, counts), p.heads)
+            query = representations(client.state["soft"][None], client.state["counts"][None])[0]
+            keys = representations(torch.stack([knowledge[j]["soft"] for j in J]),
+                                   torch.stack([knowledge[j]["counts"] for j in J]))
+            if "attn_wq" not in client.state:
+                client.state["attn_wq"], client.state["attn_wk"] = init_projections(
+                    query.numel(), p.heads, self.params.seed, client.id)
+            rows = probe_rows(n, p.attention_samples, self.params.seed, round_, client.id)
+            probe = []
+            for j in J:  # one forward pass per (round, j, i) over the probe samples
+                probe.append(outputs(j, None if rows is None else rows.to(x.device)))
+                if rows is None:
+                    full[j] = probe[-1]
+            sub = torch.arange(n) if rows is None else rows
+            fit = torch.stack(probe)[:, torch.arange(len(sub), device=x.device), y[sub.to(y.device)]].cpu()
+            wq, wk = train_attention(query, keys, fit, client.state["attn_wq"], client.state["attn_wk"],
+                                     p.attention_steps, p.attention_lr)
+            client.state["attn_wq"], client.state["attn_wk"] = wq, wk
+            with torch.no_grad():
+                w = attention_weights(query, keys, wq, wk)
         else:
             w = torch.full((len(J),), 1.0 / len(J))
-        client.state["neighbours"], client.state["weights"] = torch.tensor(J), w
-        body = aggregate_bodies(body_state(client.model), [bodies[j] for j in J], w, p.self_weight)
-        client.model.load_state_dict(body, strict=False)
-        y = client.y_train
-        targets = {}
-        if p.internal_kd:
-            targets["internal"] = class_teachers(soft, counts, w, p.top_k, calibrate=True).to(y.device)[y]
+        client.state["neighbours"], client.state["weights"] = torch.tensor(J, dtype=torch.int64), w
         if p.external_kd:
-            targets["external"] = class_teachers(soft, counts, w).to(y.device)[y]
+            self.held[client.id] = [(J[int(a)], models[J[int(a)]]) for a in ranked(w, p.external_peers)]
+        targets = {}
+        if p.internal_kd:  # the teacher needs the chosen neighbours' outputs on every sample
+            chosen = ranked(w, p.top_k).tolist()
+            probs = torch.stack([full[J[a]] if J[a] in full else outputs(J[a]) for a in chosen])
+            targets["internal"] = internal_teacher(probs, w[chosen].to(probs.device), y, len(chosen))
+        if p.external_kd:
+            if feedback:
+                t_ext = 0
+                for _, state in feedback:
+                    scratch.load_state_dict(state)
+                    t_ext = t_ext + soft_outputs(scratch, x, p.T, bs)
+                t_ext = t_ext / len(feedback)
+                targets["external"] = calibrate(t_ext, y) if p.external_calibrate else t_ext
+            else:  # NaN rows: no teacher (every client returns the same keys, as the vectorized executor needs)
+                targets["external"] = torch.full((n, self.num_classes), float("nan"), dtype=x.dtype,
+                                                 device=x.device)
         return targets
 
     def loss(self, model, step, phase):
@@ -198,15 +304,26 @@ class PDFLClient(LocalUpdate):
         return rows
 
     def end(self, client, targets, records, round_):
-        """Step 6: the client's new knowledge, published to its neighbours (counted when they receive it)."""
-        publish(client, self.num_classes, self.p.T, self.params.train.eval_batch_size)
+        """Steps 5-6: optimise the chosen peers' copies with i's trained model as teacher (kept for the
+        simulator to deliver), publish i's new knowledge (counted when the neighbours receive it)."""
+        p = self.p
+        soft = soft_outputs(client.model, client.x_train, p.T, self.params.train.eval_batch_size)
+        client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, self.num_classes)
+        feedback = {}
+        held = self.held.pop(client.id, [])
+        if held:
+            scratch = copy.deepcopy(client.model)
+            for j, state in held:
+                gen = torch_generator(self.params.seed, "pdfl-external", round_, client.id, j)
+                feedback[j] = external_copy(scratch, state, client.x_train, client.y_train, soft, self.params, gen)
         return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
-                            "weights": client.state["weights"]})
+                            "neighbours": client.state["neighbours"], "weights": client.state["weights"],
+                            "feedback": feedback})
 
 
 def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
-    client.state["soft"], client.state["counts"] = class_knowledge(
-        client.model, client.x_train, client.y_train, num_classes, T, batch_size)
+    soft = soft_outputs(client.model, client.x_train, T, batch_size)
+    client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, num_classes)
 
 
 class PDFL(Method):
@@ -221,16 +338,13 @@ class PDFL(Method):
         self.topology = Topology(K, self.p, ctx.params.seed)  # a ConfigError here, before any training
         self.soft = torch.zeros(K, C, C)  # each client's latest knowledge, as its neighbours would receive it
         self.counts = torch.zeros(K, C, dtype=torch.int64)
+        # the network simulator's undelivered feedback: receiver -> sender -> optimised copy (latest only)
+        self.feedback: dict[int, dict[int, State]] = {}
         self.stats: dict[int, dict[str, float]] = {}  # round -> extras (diagnostics of the round just trained)
         self.last_weights: dict[int, tuple[list[int], list[float]]] = {}  # client -> (neighbours, weights)
 
     def setup(self):
-        # A common starting body (client 0's initial one, as FedAvg's global model): averaging
-        # independently initialised networks would mix unaligned features. Peers agree on it through
-        # the shared seed, so nothing is sent. Heads keep their own initial weights.
-        common = body_state(self.ctx.clients[0].model)
-        for client in self.ctx.clients:
-            client.model.load_state_dict(common, strict=False)
+        # No common body: nothing is averaged, so every client keeps its own initial model (as local-only).
         for client in self.ctx.clients:  # knowledge of the initial models; sent (and counted) in round 1
             publish(client, self.ctx.num_classes, self.p.T, self.ctx.params.train.eval_batch_size)
             self.soft[client.id], self.counts[client.id] = client.state["soft"], client.state["counts"]
@@ -238,28 +352,38 @@ class PDFL(Method):
         return {}
 
     def configure(self, round_, selected):
-        """Step 1: what every in-neighbour sends each selected client, from the round-start state."""
+        """Step 1: what every in-neighbour sends each selected client, from the round-start state,
+        plus the feedback waiting for it."""
         neighbours = self.topology.in_neighbours(round_)
-        senders = sorted(set(selected) | {int(j) for i in selected for j in neighbours[i]})
-        bodies = {j: body_state(self.ctx.clients[j].model) for j in senders}  # the round-start snapshot
-        downloads = {}
+        senders = sorted({int(j) for i in selected for j in neighbours[i]})
+        models = {j: model_state(self.ctx.clients[j].model) for j in senders}  # the round-start snapshot
+        downloads, delivered = {}, 0
         for i in selected:
             downloads[i] = []
             for j in (int(j) for j in neighbours[i]):  # what travels over the edge j -> i
-                downloads[i] += [Payload("body", bodies[j], sender=j),
+                downloads[i] += [Payload("model", models[j], sender=j),
                                  Payload("knowledge", {"soft": self.soft[j].clone(), "counts": self.counts[j].clone()},
                                          sender=j)]
-        self.stats[round_] = {"edges": float(sum(len(neighbours[i]) for i in selected))}
+            for s, state in sorted(self.feedback.pop(i, {}).items()):  # optimised for i by s in an earlier round
+                downloads[i].append(Payload("feedback", state, sender=s))
+                delivered += 1
+        self.stats[round_] = {"edges": float(sum(len(neighbours[i]) for i in selected)),
+                              "feedback_delivered": float(delivered)}
         return downloads
 
     def aggregate(self, round_, uploads):
+        stats = self.stats.setdefault(round_, {})
         maxima = []
-        for i, up in uploads.items():
+        for i, up in sorted(uploads.items()):
             self.soft[i], self.counts[i] = up.kept["soft"], up.kept["counts"]
-            w = up.kept["weights"]
-            self.last_weights[i] = (self.ctx.clients[i].state["neighbours"].tolist(), w.tolist())
-            maxima.append(float(w.max()))
-        self.stats[round_]["attention_max"] = sum(maxima) / max(len(maxima), 1)
+            nbrs, w = up.kept["neighbours"].tolist(), up.kept["weights"].tolist()
+            self.last_weights[i] = (nbrs, w)
+            for j, wj in zip(nbrs, w):
+                stats[f"attn:{i}<-{j}"] = float(wj)
+            maxima.append(max(w))
+            for j, state in up.kept["feedback"].items():  # the latest per directed pair i -> j
+                self.feedback.setdefault(j, {})[i] = state
+        stats["attention_max"] = sum(maxima) / max(len(maxima), 1)
 
     def evaluate(self, round_: int):
         rows, _ = super().evaluate(round_)
@@ -270,9 +394,11 @@ class PDFL(Method):
         self.stats = {r: s for r, s in self.stats.items() if r == round_}
 
     def state_dict(self) -> dict:
-        return {"soft": self.soft.clone(), "counts": self.counts.clone(), "topology": self.topology.state_dict()}
+        return {"soft": self.soft.clone(), "counts": self.counts.clone(), "topology": self.topology.state_dict(),
+                "feedback": {j: dict(by) for j, by in self.feedback.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.soft.copy_(state["soft"])
         self.counts.copy_(state["counts"])
         self.topology.load_state_dict(state["topology"])
+        self.feedback = {int(j): {int(i): s for i, s in by.items()} for j, by in state["feedback"].items()}

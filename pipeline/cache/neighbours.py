@@ -1,9 +1,11 @@
-"""Per-label R nearest neighbours of every sample by cosine similarity of hash codes.
+"""Per-label R nearest neighbours of every sample by similarity of hash codes.
 
 FedCache eq. (10)-(11): a sample's neighbours are the R samples of the same label whose
-hashes are most similar to its own, the sample itself excluded. Codes are L2-normalised, so
-inner product is cosine. Each label is searched on its own: exact (faiss IndexFlatIP) up to
-`exact_max` samples, HNSW above it, as the paper does at scale.
+hashes are most similar to its own, the sample itself excluded. Float codes are
+L2-normalised, so inner product is cosine; binary codes (uint8, packed sign bits, the
+simhash encoder) are compared by Hamming distance. Each label is searched on its own:
+exact (faiss IndexFlatIP / IndexBinaryFlat) up to `exact_max` samples, HNSW above it
+(IndexHNSWFlat / IndexBinaryHNSW), as the paper does at scale.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ class NeighbourError(ValueError):
 
 
 def _build_index(codes: np.ndarray, p: IndexParams) -> tuple[faiss.Index, str]:
+    if codes.dtype == np.uint8:  # packed sign bits: Hamming distance
+        bits = codes.shape[1] * 8
+        if len(codes) <= p.exact_max:
+            index, kind = faiss.IndexBinaryFlat(bits), "exact"
+        else:
+            index, kind = faiss.IndexBinaryHNSW(bits, p.hnsw_m), "hnsw"
+            index.hnsw.efConstruction = p.hnsw_ef_construction
+        index.add(codes)
+        return index, kind
     d = codes.shape[1]
     if len(codes) <= p.exact_max:
         index = faiss.IndexFlatIP(d)
@@ -66,9 +77,10 @@ def label_neighbours(codes: np.ndarray, clients: np.ndarray, p: IndexParams) -> 
     `clients` (sorted ascending, as the partition orders samples) is used when
     `same_client` is false: each client's queries then search with its own samples masked
     out through a faiss ID selector (they form one contiguous range of positions).
+    uint8 codes are packed sign bits (Hamming distance); any float codes are cosine.
     """
     n, R = len(codes), p.R
-    codes = np.ascontiguousarray(codes, dtype=np.float32)
+    codes = np.ascontiguousarray(codes, dtype=np.uint8 if codes.dtype == np.uint8 else np.float32)
     index, kind = _build_index(codes, p)
     if p.same_client:
         if R >= n:

@@ -4,11 +4,13 @@ Tables follow the paper's maps:
   samples     sample_id -> (client_id, local_index, label, hash)   IH and LI
   neighbours  (sample_id, rank) -> neighbour_id                     IR
   knowledge   sample_id -> (round, logits)                          IK
-  cache_meta  key -> value (num_classes, hash dtype/dim, R, ...)
+  cache_meta  key -> value (num_classes, hash format/dtype/dim/bytes, R, ...)
 
 During training the cache is a tensor ([N, C] logits, [N, R] ids); this store is written
 once per round in one transaction, so a killed run resumes from the last committed round.
 Arrays travel as raw little-endian bytes (float16/float32 blobs), never per-sample queries.
+A binary hash (the simhash encoder) is stored as its packed bytes: hash_format "binary",
+hash_dim = bits, hash_dtype uint8, hash_bytes = bits/8.
 """
 
 from __future__ import annotations
@@ -85,8 +87,11 @@ def create_cache(path: Path, clients: np.ndarray, local_index: np.ndarray, label
                 for s, r, nb in zip(ids.tolist(), ranks.tolist(), relations.ravel().tolist())
             ])
             conn.execute(insert(knowledge), [{"sample_id": i, "round": -1, "logits": zeros} for i in range(n)])
+            binary = codes.dtype == np.uint8  # packed sign bits
             full_meta = {"num_samples": str(n), "num_classes": str(num_classes), "R": str(R),
-                         "hash_dim": str(codes.shape[1]), "hash_dtype": str(codes.dtype), **meta}
+                         "hash_format": "binary" if binary else "float",
+                         "hash_dim": str(codes.shape[1] * (8 if binary else 1)), "hash_dtype": str(codes.dtype),
+                         "hash_bytes": str(codes.shape[1] * codes.dtype.itemsize), **meta}
             conn.execute(insert(cache_meta), [{"key": k, "value": v} for k, v in full_meta.items()])
     finally:
         engine.dispose()
@@ -134,7 +139,8 @@ def read_relations(path: Path) -> np.ndarray:
 
 
 def read_samples(path: Path) -> dict[str, np.ndarray]:
-    """IH/LI maps as arrays ordered by sample id: client_id, local_index, label, hash."""
+    """IH/LI maps as arrays ordered by sample id: client_id, local_index, label, hash
+    (float [N, d], or uint8 [N, bits/8] packed sign bits for a binary hash)."""
     engine = _require(path)
     meta = read_meta(path)
     try:
@@ -143,6 +149,8 @@ def read_samples(path: Path) -> dict[str, np.ndarray]:
     finally:
         engine.dispose()
     dtype, dim = np.dtype(meta["hash_dtype"]), int(meta["hash_dim"])
+    if meta.get("hash_format") == "binary":
+        dim //= 8  # hash_dim counts bits; a row holds bits/8 bytes
     return {
         "sample_id": np.array([r.sample_id for r in rows], dtype=np.int64),
         "client_id": np.array([r.client_id for r in rows], dtype=np.int64),

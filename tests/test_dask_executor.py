@@ -1,0 +1,276 @@
+"""The dask executor (`train.executor: dask`) computes what the sequential one does.
+
+As in tests/test_executors.py: two real runs on the tiny MNIST setting (3 uneven clients, 2
+rounds, batch 8, float64) must give a byte-identical ledger, the same per-client accuracies
+and the same weights. The dask runs use a local cluster of 2 worker processes that the
+executor starts itself (one for the whole module: starting one takes seconds), and, for the
+multi-machine layout, a scheduler and 2 workers started here as separate processes on
+127.0.0.1 and joined through `train.dask_address`. Whatever a test starts it stops, also when
+it fails; a failing round stops the executor's cluster too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flows  # noqa: F401  (Prefect's offline-safe settings, as in a stage)
+import psutil
+import pytest
+import torch
+
+from pipeline import paths
+from pipeline.algorithms import REGISTRY
+from pipeline.config import ConfigError, parse_params
+from pipeline.engine import Trainer
+from pipeline.executors import SequentialExecutor
+from pipeline.results import ResultsDB
+
+from conftest import tiny_params_raw
+
+DASK = Path(sys.executable).with_name("dask")
+
+
+def _with(params, section: str, **values):
+    return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})
+
+
+def _trainer(params, part, mnist, algorithm: str, executor: str, **train) -> Trainer:
+    params = _with(params, "train", executor=executor, **train)
+    name = f"{algorithm}-{executor}"
+    return Trainer(params, REGISTRY[algorithm], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
+                   ResultsDB(paths.RESULTS_DB))
+
+
+def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
+    trainer.start()
+    for r in range(1, rounds + 1):
+        trainer.run_round(r)
+    return trainer.algorithm.evaluate(rounds)[0]
+
+
+def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds:.0f} s: {what}")
+        time.sleep(poll)
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    import pipeline.clients
+
+    to_tensor = pipeline.clients.to_tensor
+    monkeypatch.setattr(pipeline.clients, "to_tensor", lambda images: to_tensor(images).double())
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """The dask executor with its own local cluster of 2 worker processes (1 thread each)."""
+    from pipeline.dask_executor import DaskExecutor
+
+    executor = DaskExecutor(workers=2)
+    try:
+        executor.start()
+        yield executor
+    finally:
+        executor.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each process group (a `dask worker` is a nanny and its worker process), then SIGKILL."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+@pytest.fixture(scope="module")
+def separate_cluster(tmp_path_factory):
+    """`dask scheduler` and two `dask worker`s as separate processes on 127.0.0.1: what several machines
+    run, on one. Yields the scheduler's address."""
+    from distributed import Client
+
+    tmp = tmp_path_factory.mktemp("dask-cluster")
+    procs: list[subprocess.Popen] = []
+
+    def spawn(name: str, *args: str) -> subprocess.Popen:
+        log = open(tmp / f"{name}.log", "w")
+        p = subprocess.Popen([str(DASK), *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                             start_new_session=True)  # its own process group: stopped as one below
+        log.close()
+        procs.append(p)
+        return p
+
+    def logs() -> str:
+        return "\n".join(f"--- {f.name}\n{f.read_text()[-1500:]}" for f in sorted(tmp.glob("*.log")))
+
+    try:
+        info = tmp / "scheduler.json"
+        scheduler = spawn("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                          "--scheduler-file", str(info))
+        def address() -> str | None:
+            try:
+                return json.loads(info.read_text()).get("address")
+            except (OSError, ValueError):  # not written yet, or half written
+                return None
+
+        _wait_until(lambda: address() or scheduler.poll() is not None, 120, "the scheduler writes its address")
+        assert scheduler.poll() is None, logs()
+        for i in range(2):
+            spawn(f"worker{i}", "worker", address(), "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1",
+                  "--no-dashboard", "--name", f"worker{i}")
+        with Client(address(), timeout=60) as client:
+            try:
+                client.wait_for_workers(2, timeout=180)
+            except TimeoutError:
+                raise AssertionError(f"the workers did not join:\n{logs()}") from None
+        yield address()
+    finally:
+        _stop(procs)
+
+
+CASES = ["fedavg", "fedcache", "fd", "fedproto"]
+
+
+@pytest.mark.parametrize("algorithm", CASES)
+def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, algorithm):
+    _, params, part = tiny_workspace
+    params = _with(params, "fedcache", consistency="round")
+    seq = _trainer(params, part, mnist, algorithm, "sequential")
+    dask = _trainer(params, part, mnist, algorithm, "dask", dask_workers=2)
+    assert type(dask.executor).__name__ == "DaskExecutor"
+    dask.executor = local_cluster  # the module's cluster (this one has not started any)
+    sizes = [c.num_train for c in seq.ctx.clients]
+    assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
+
+    rows_seq, rows_dask = _train(seq), _train(dask)
+
+    assert seq.ctx.ledger.state_dict() == dask.ctx.ledger.state_dict()  # byte-identical ledger
+    assert [(k, n) for k, _, n in rows_seq] == [(k, n) for k, _, n in rows_dask]
+    assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-12)
+    for c_seq, c_dask in zip(seq.ctx.clients, dask.ctx.clients):
+        for (name, p), q in zip(c_seq.model.state_dict().items(), c_dask.model.state_dict().values()):
+            assert q.dtype == p.dtype and p.dtype != torch.float32, name  # the workers trained in float64 too
+            torch.testing.assert_close(q, p, atol=1e-9, rtol=1e-7, msg=lambda m, n=name: f"client {c_seq.id} {n}: {m}")
+        opt_seq, opt_dask = c_seq.optimizer.state_dict()["state"], c_dask.optimizer.state_dict()["state"]
+        assert opt_seq.keys() == opt_dask.keys()  # momentum came back too
+        for i in opt_seq:
+            torch.testing.assert_close(opt_dask[i]["momentum_buffer"], opt_seq[i]["momentum_buffer"], atol=1e-9,
+                                       rtol=1e-7)
+    last = local_cluster.last_round["clients"]
+    assert sorted(last) == [0, 1, 2] and all(s["bytes_to"] > 0 and s["worker"].startswith("tcp://")
+                                             for s in last.values())
+
+
+def test_separate_scheduler_and_workers(tiny_workspace, mnist, separate_cluster):
+    """The multi-machine layout on one machine: the executor joins a running scheduler (`train.dask_address`)."""
+    _, params, part = tiny_workspace
+    params = _with(params, "fedcache", consistency="round")
+    seq = _trainer(params, part, mnist, "fedcache", "sequential")
+    dask = _trainer(params, part, mnist, "fedcache", "dask", dask_address=separate_cluster)
+    try:
+        rows_seq, rows_dask = _train(seq), _train(dask)
+        workers = {s["worker"] for s in dask.executor.last_round["clients"].values()}
+    finally:
+        dask.close()
+    assert seq.ctx.ledger.state_dict() == dask.ctx.ledger.state_dict()
+    assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-6)
+    for c_seq, c_dask in zip(seq.ctx.clients, dask.ctx.clients):
+        for p, q in zip(c_seq.model.state_dict().values(), c_dask.model.state_dict().values()):
+            torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4)
+    from distributed import Client
+
+    with Client(separate_cluster, timeout=30) as client:  # leaving a running cluster does not stop it
+        assert workers <= set(client.scheduler_info(n_workers=-1)["workers"])
+        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
+
+
+def test_a_failing_round_stops_the_local_cluster(tiny_workspace, mnist):
+    """A client half that fails on a worker fails the run with its own error, and Trainer.run stops the
+    cluster's worker processes on the way out (nothing is left running)."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(params, part, mnist, "fedavg", "dask", dask_workers=1)
+    trainer.executor.start()
+    workers = list(trainer.executor._runner.client.run(os.getpid).values())
+    assert len(workers) == 1 and os.getpid() not in workers  # a worker process, not a thread of this one
+    trainer.algorithm.configure = lambda round_, selected: {k: [] for k in selected}  # FedAvg's client needs its params
+    with pytest.raises(ValueError, match="not enough values to unpack"):
+        trainer.run()
+
+    def gone() -> bool:
+        return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in workers)
+
+    _wait_until(gone, 60, f"the cluster's worker processes {workers} end")
+    assert trainer.executor._runner is None
+    trainer.close()  # twice is fine
+
+
+def test_live_consistency_falls_back_to_the_sequential_executor(tiny_workspace, mnist, capsys):
+    _, params, part = tiny_workspace
+    trainer = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedcache", "dask")
+    assert isinstance(trainer.executor, SequentialExecutor)
+    assert "per-step exchange hook" in capsys.readouterr().out
+    other = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedavg", "dask")
+    assert type(other.executor).__name__ == "DaskExecutor"  # the other methods still run on Dask (none started)
+    assert other.executor._runner is None
+
+
+def test_step_consistency_is_refused_with_dask():
+    raw = tiny_params_raw({"fedcache": {"consistency": "step"}})
+    raw["train"]["executor"] = "dask"
+    with pytest.raises(ConfigError, match="fedcache.consistency.*train.executor"):
+        parse_params(raw)
+
+
+@pytest.mark.parametrize("train,match", [
+    ({"dask_address": "10.0.0.5:8786"}, "train.dask_address.*tcp://"),
+    ({"dask_address": "tcp://10.0.0.5:8786", "dask_workers": 2}, "dask_workers.*dask_address"),
+    ({"dask_workers": 0}, "train.dask_workers"),
+    ({"executor": "ray"}, "train.executor"),
+])
+def test_bad_dask_params(train, match):
+    raw = tiny_params_raw()
+    raw["train"].update({"executor": "dask", **train})
+    with pytest.raises(ConfigError, match=match):
+        parse_params(raw)
+
+
+def test_an_unreachable_scheduler_is_a_clear_error():
+    import socket
+
+    import dask
+
+    from pipeline.dask_executor import DaskExecutor
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    executor = DaskExecutor(address=f"tcp://127.0.0.1:{port}")
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        with pytest.raises(ConfigError, match="train.dask_address: no Dask scheduler answers"):
+            executor.start()
+    assert executor._runner is None
