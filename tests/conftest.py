@@ -132,3 +132,24 @@ def copy_worktree(dest: Path, skip: tuple[str, ...] = ("data/partition/", "data/
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO_ROOT / rel, dest / rel)
     return dest
+
+
+def with_section(params, section: str, **values):
+    """params with some keys of one section replaced (pydantic models are frozen)."""
+    return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    """Clients' data and new tensors in float64: executors compared to 1e-9 (float32 BatchNorm on tiny
+    batches amplifies last-bit differences)."""
+    import torch
+
+    import pipeline.clients
+
+    to_tensor = pipeline.clients.to_tensor
+    monkeypatch.setattr(pipeline.clients, "to_tensor", lambda images: to_tensor(images).double())
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

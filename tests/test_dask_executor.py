@@ -31,17 +31,13 @@ from pipeline.engine import Trainer
 from pipeline.executors import SequentialExecutor
 from pipeline.results import ResultsDB
 
-from conftest import tiny_params_raw
+from conftest import tiny_params_raw, with_section
 
 DASK = Path(sys.executable).with_name("dask")
 
 
-def _with(params, section: str, **values):
-    return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})
-
-
 def _trainer(params, part, mnist, algorithm: str, executor: str, **train) -> Trainer:
-    params = _with(params, "train", executor=executor, **train)
+    params = with_section(params, "train", executor=executor, **train)
     name = f"{algorithm}-{executor}"
     return Trainer(params, REGISTRY[algorithm], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
                    ResultsDB(paths.RESULTS_DB))
@@ -60,18 +56,6 @@ def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds:.0f} s: {what}")
         time.sleep(poll)
-
-
-@pytest.fixture
-def float64(monkeypatch):
-    import pipeline.clients
-
-    to_tensor = pipeline.clients.to_tensor
-    monkeypatch.setattr(pipeline.clients, "to_tensor", lambda images: to_tensor(images).double())
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +142,7 @@ CASES = ["fedavg", "fedcache", "fd", "fedproto"]
 @pytest.mark.parametrize("algorithm", CASES)
 def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, algorithm):
     _, params, part = tiny_workspace
-    params = _with(params, "fedcache", consistency="round")
+    params = with_section(params, "fedcache", consistency="round")
     seq = _trainer(params, part, mnist, algorithm, "sequential")
     dask = _trainer(params, part, mnist, algorithm, "dask", dask_workers=2)
     assert type(dask.executor).__name__ == "DaskExecutor"
@@ -188,7 +172,7 @@ def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, a
 def test_separate_scheduler_and_workers(tiny_workspace, mnist, separate_cluster):
     """The multi-machine layout on one machine: the executor joins a running scheduler (`train.dask_address`)."""
     _, params, part = tiny_workspace
-    params = _with(params, "fedcache", consistency="round")
+    params = with_section(params, "fedcache", consistency="round")
     seq = _trainer(params, part, mnist, "fedcache", "sequential")
     dask = _trainer(params, part, mnist, "fedcache", "dask", dask_address=separate_cluster)
     try:
@@ -231,10 +215,10 @@ def test_a_failing_round_stops_the_local_cluster(tiny_workspace, mnist):
 
 def test_live_consistency_falls_back_to_the_sequential_executor(tiny_workspace, mnist, capsys):
     _, params, part = tiny_workspace
-    trainer = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedcache", "dask")
+    trainer = _trainer(with_section(params, "fedcache", consistency="live"), part, mnist, "fedcache", "dask")
     assert isinstance(trainer.executor, SequentialExecutor)
     assert "per-step exchange hook" in capsys.readouterr().out
-    other = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedavg", "dask")
+    other = _trainer(with_section(params, "fedcache", consistency="live"), part, mnist, "fedavg", "dask")
     assert type(other.executor).__name__ == "DaskExecutor"  # the other methods still run on Dask (none started)
     assert other.executor._runner is None
 

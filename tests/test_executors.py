@@ -21,27 +21,11 @@ from pipeline.engine import Trainer
 from pipeline.executors import SequentialExecutor, VectorizedExecutor
 from pipeline.results import ResultsDB
 
-from conftest import make_workspace, tiny_params_raw
-
-
-@pytest.fixture
-def float64(monkeypatch):
-    import pipeline.clients
-
-    to_tensor = pipeline.clients.to_tensor
-    monkeypatch.setattr(pipeline.clients, "to_tensor", lambda images: to_tensor(images).double())
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
-def _with(params, section: str, **values):
-    return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})
+from conftest import make_workspace, tiny_params_raw, with_section
 
 
 def _trainer(params, part, mnist, algorithm: str, executor: str, hetero: bool = False) -> Trainer:
-    params = _with(params, "train", executor=executor)
+    params = with_section(params, "train", executor=executor)
     name = f"{algorithm}-{executor}-{'hetero' if hetero else 'homo'}"
     return Trainer(params, REGISTRY[algorithm], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
                    ResultsDB(paths.RESULTS_DB), hetero=hetero)
@@ -61,9 +45,9 @@ CASES = [("fd", False), ("fedavg", False), ("fedproto", False), ("local", False)
 @pytest.mark.parametrize("algorithm,hetero", CASES, ids=[f"{a}-{'hetero' if h else 'homo'}" for a, h in CASES])
 def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, algorithm, hetero):
     _, params, part = tiny_workspace
-    params = _with(params, "fedcache", consistency="round")
+    params = with_section(params, "fedcache", consistency="round")
     if algorithm == "pdfl":  # 3 clients: the complete graph (params.yaml's min_degree is for K=30)
-        params = _with(params, "pdfl", edge_prob=1.0, min_degree=2)
+        params = with_section(params, "pdfl", edge_prob=1.0, min_degree=2)
     seq = _trainer(params, part, mnist, algorithm, "sequential", hetero)
     vec = _trainer(params, part, mnist, algorithm, "vectorized", hetero)
     assert isinstance(seq.executor, SequentialExecutor) and isinstance(vec.executor, VectorizedExecutor)
@@ -84,7 +68,7 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, algorithm,
 
 def test_live_consistency_falls_back_to_the_sequential_executor(tiny_workspace, mnist, capsys):
     _, params, part = tiny_workspace
-    trainer = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedcache", "vectorized")
+    trainer = _trainer(with_section(params, "fedcache", consistency="live"), part, mnist, "fedcache", "vectorized")
     assert isinstance(trainer.executor, SequentialExecutor)
     assert "fedcache.consistency live" in capsys.readouterr().out
 
@@ -102,9 +86,9 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
     monkeypatch.chdir(tmp_path)
     _, params, part = make_workspace(tmp_path, mnist, {"partition": {"num_clients": 3, "samples_per_client": 200,
                                                                      "min_samples": 5}})
-    params = _with(params, "train", rounds=8)
-    live = _trainer(_with(params, "fedcache", consistency="live"), part, mnist, "fedcache", "sequential")
-    step = _trainer(_with(params, "fedcache", consistency="step"), part, mnist, "fedcache", "vectorized")
+    params = with_section(params, "train", rounds=8)
+    live = _trainer(with_section(params, "fedcache", consistency="live"), part, mnist, "fedcache", "sequential")
+    step = _trainer(with_section(params, "fedcache", consistency="step"), part, mnist, "fedcache", "vectorized")
     before = sum(a for _, a, _ in live.algorithm.evaluate(0)[0]) / 3
     acc_live = sum(a for _, a, _ in _train(live, 8)) / 3
     acc_step = sum(a for _, a, _ in _train(step, 8)) / 3
