@@ -20,7 +20,7 @@ DASHBOARD_HOST ?= 127.0.0.1
 DASHBOARD_PORT ?= 8501
 DASHBOARD_ARGS ?=  # e.g. --results-db other.duckdb --refresh 2 (see dashboard/config.py)
 
-.PHONY: setup venv dataset browser run test serve dashboard clean
+.PHONY: setup venv dataset browser run test serve server worker dashboard clean
 
 setup: venv dataset
 
@@ -70,6 +70,21 @@ test: setup browser
 # A local Prefect server on 127.0.0.1 serving the scheduled whole-pipeline deployment.
 serve: setup
 	$(BIN)/python -m flows.serve
+
+# Remote runs: a Prefect server (make server), and workers that run the deployments (make worker,
+# on this machine or any other with this checkout at the same path; README "Remote runs").
+PREFECT_HOST ?= 127.0.0.1
+PREFECT_PORT ?= 4200
+PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
+POOL ?= fedcache
+
+server: setup
+	$(BIN)/prefect server start --host $(PREFECT_HOST) --port $(PREFECT_PORT)
+
+# Registers the deployments (flows/deploy.py) on the server, then polls the pool until stopped.
+worker: setup
+	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/python -m flows.deploy --pool $(POOL)
+	PREFECT_API_URL=$(PREFECT_API_URL) $(BIN)/prefect worker start --pool $(POOL) --type process
 
 # The Streamlit dashboard over the results index and the per-run files (read-only; fine while a training stage runs).
 dashboard: setup

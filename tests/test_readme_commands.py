@@ -66,6 +66,10 @@ PLAN: list[tuple[str, str, str]] = [
     (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
     (r"make clean", "run", ""),
     (r"make test", "excluded", "runs the whole suite, this test included (CI runs it: .ci/run)"),
+    (r"make (server|worker)", "excluded", "a Prefect server / worker running until stopped; tests/test_remote_runs.py "
+                                       "runs these lines as written (the port swapped for a free one)"),
+    (r"PREFECT_API_URL=\S+ \.venv/bin/prefect deployment run .*", "excluded",
+     "needs the server and worker above: tests/test_remote_runs.py runs these lines as written"),
     (r"make serve", "excluded", "a Prefect server on port 4200 serving until stopped; "
                                 "tests/test_deployment.py builds its deployment"),
     (r"make browser", "excluded", "installs Debian's chromium with apt (root and the network); "
