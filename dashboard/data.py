@@ -133,16 +133,20 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     df = con.execute(
         "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
-        "r.status, count(x.round) AS n_rounds, max(x.round) AS last_round "
+        "r.status, r.experiment, r.changed, count(x.round) AS n_rounds, max(x.round) AS last_round "
         "FROM runs r LEFT JOIN rounds x USING (run_id) GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
     df["params"] = [json.loads(p) if isinstance(p, str) else (p or {}) for p in df["params"]]
+    df["changed"] = [json.loads(c) if isinstance(c, str) else None for c in df["changed"]]
     df["label"] = run_labels(df)
     return df
 
 
 def run_labels(runs: pd.DataFrame) -> list[str]:
-    """Short unique names for legends: 'fedcache/homo d663c8'."""
-    labels = [f"{a}/{s} {str(r)[-6:]}" for a, s, r in zip(runs["algorithm"], runs["setting"], runs["run_id"])]
+    """Short unique names for legends: 'fedcache/homo d663c8', or with the DVC experiment the run
+    belongs to (a sweep's): 'fedcache/homo paper_ablations-R-16'."""
+    experiments = runs["experiment"] if "experiment" in runs else [None] * len(runs)
+    labels = [f"{a}/{s} {e if isinstance(e, str) and e else str(r)[-6:]}"
+              for a, s, r, e in zip(runs["algorithm"], runs["setting"], runs["run_id"], experiments)]
     return [lab if labels.count(lab) == 1 else str(r) for lab, r in zip(labels, runs["run_id"])]
 
 

@@ -9,7 +9,7 @@ import sys
 import flows  # noqa: F401
 from prefect import flow, task
 
-from pipeline import paths
+from pipeline import experiments, paths
 from pipeline.compare import comparison
 from pipeline.config import Params, load_params
 from pipeline.report import format_table, plot_accuracy_vs_bytes, write_outputs
@@ -39,6 +39,10 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     print(format_table(rows))
+    exp = experiments.current()
+    if exp is not None:  # a queued experiment (sweep): its runs to the main checkout's index as well
+        for folder in experiments.publish(exp):
+            print(f"published {folder}")
     return rows
 
 

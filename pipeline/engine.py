@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline import checkpoint
+from pipeline import checkpoint, experiments
 from pipeline.clients import Context, build_clients
 from pipeline.comm import DOWN, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.data import ImageDataset
@@ -177,8 +177,10 @@ class Trainer:
             print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
                   flush=True)
         self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        exp = experiments.current()  # set by `dvc exp run`: recorded with the run, for sweeps
         self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
-                               self.params.model_dump(mode="json", by_alias=True), git_revision())
+                               self.params.model_dump(mode="json", by_alias=True), git_revision(),
+                               experiment=exp.name if exp else None, changed=experiments.changed_params(self.params, exp))
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):

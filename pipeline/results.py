@@ -58,6 +58,9 @@ CREATE TABLE IF NOT EXISTS comm (
 );
 -- results files written before peer_id existed: add it (old rows read as NULL = unknown)
 ALTER TABLE comm ADD COLUMN IF NOT EXISTS peer_id INTEGER;
+-- the DVC experiment a run belongs to and the params it changed (pipeline.experiments); NULL outside one
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS experiment VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS changed JSON;
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
 );
@@ -231,11 +234,14 @@ class ResultsDB:
         finally:
             con.close()
 
-    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str) -> None:
+    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
+                  experiment: str | None = None, changed: dict | None = None) -> None:
         with self.connect() as con:
             con.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running')",
-                [run_id, algorithm, dataset, setting, json.dumps(params), git_rev],
+                "INSERT OR REPLACE INTO runs (run_id, algorithm, dataset, setting, params, git_rev, started_at, "
+                "finished_at, status, experiment, changed) VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?)",
+                [run_id, algorithm, dataset, setting, json.dumps(params), git_rev, experiment,
+                 None if changed is None else json.dumps(changed)],
             )
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
@@ -312,9 +318,10 @@ class RunResultsDB(ResultsDB):
     """One training stage's own results file (results/runs/<name>/run.duckdb). It holds the stage's
     current run only: starting a new run deletes whatever an earlier run left there (stale or damaged)."""
 
-    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str) -> None:
+    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
+                  experiment: str | None = None, changed: dict | None = None) -> None:
         remove_db(self.path)
-        super().start_run(run_id, algorithm, dataset, setting, params, git_rev)
+        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed)
 
 
 # ----------------------------------------------------------------------------- the index
@@ -394,19 +401,36 @@ def run_files(runs_dir: str | Path) -> list[Path]:
     return sorted(Path(runs_dir).glob(f"*/{paths.RUN_RESULTS}"))
 
 
+def experiment_files(experiments_dir: str | Path) -> list[Path]:
+    """Every published experiment's per-run file (experiments_dir/<experiment>/<name>/run.duckdb), sorted."""
+    return sorted(Path(experiments_dir).glob(f"*/*/{paths.RUN_RESULTS}"))
+
+
 def rebuild_index(index: str | Path = paths.RESULTS_DB, runs_dir: str | Path | None = None,
                   comparison: tuple[str, list[dict]] | None = None, report_csv: str | Path | None = None,
                   lock_timeout_s: float = 60.0) -> Rebuilt:
-    """(Re)create the index from every per-run file in runs_dir (default: <index dir>/runs).
+    """(Re)create the index from every per-run file in runs_dir (default: <index dir>/runs) and every
+    experiment's published one (<index dir>/experiments/*/*/run.duckdb, see pipeline.experiments;
+    a file whose run is already in the index, e.g. an experiment applied to the workspace, is skipped).
 
     The report's comparison table: `comparison` = (report_id, rows) if given, else the rows of
     report_csv if that file exists. Written to a temporary file and renamed over the index, whose
     modification time is set to the moment the per-run files were read (so a reader can tell which
     per-run files changed since). A per-run file that cannot be read raises ResultsError and leaves
     the old index as it was. An index from before per-run files (rows the per-run files may not
-    hold) is kept aside as <name>-legacy.duckdb rather than overwritten.
+    hold) is kept aside as <name>-legacy.duckdb rather than overwritten. Rebuilds of one index take
+    turns (a lock file next to it), so the last one sees every file written before it began.
     """
+    from filelock import FileLock
+
     index = Path(index)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{index}.lock"):
+        return _rebuild(index, runs_dir, comparison, report_csv, lock_timeout_s)
+
+
+def _rebuild(index: Path, runs_dir: str | Path | None, comparison: tuple[str, list[dict]] | None,
+             report_csv: str | Path | None, lock_timeout_s: float) -> Rebuilt:
     runs_dir = Path(runs_dir) if runs_dir is not None else index.parent / paths.RUNS.name
     before, why = _index_state(index)
     out = Rebuilt(index, before=before, why=why)
@@ -418,10 +442,12 @@ def rebuild_index(index: str | Path = paths.RESULTS_DB, runs_dir: str | Path | N
     try:
         con.execute(INDEX_SCHEMA)
         columns = _columns(con, con.execute("SELECT current_database()").fetchone()[0])
-        for path in run_files(runs_dir):
+        for path in run_files(runs_dir) + experiment_files(index.parent / "experiments"):
             if not attach(con, path, "src", lock_timeout_s):
                 continue
             try:
+                if con.execute("SELECT count(*) FROM src.runs WHERE run_id IN (SELECT run_id FROM main.runs)").fetchone()[0]:
+                    continue  # the same run twice (an applied experiment): its first file counts
                 have = _columns(con, "src")
                 for table in (t for t in TABLES if t in have):
                     cols = ", ".join(sorted(columns[table] & have[table]))

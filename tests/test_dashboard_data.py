@@ -10,6 +10,7 @@ import time
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 
 from dashboard import charts, data, sample_data, stages
@@ -219,3 +220,19 @@ def test_locked_per_run_file_reports_busy(tmp_path):
     finally:
         holder.wait(10)
     assert data.load_runs(tmp_path / "results.duckdb")["run_id"].tolist() == ["fedcache-1"]
+
+
+def test_runs_of_a_published_experiment_are_labelled_with_it(tmp_path):
+    """A sweep's experiment publishes its runs to <index dir>/experiments/<name>/ (pipeline.experiments):
+    the index holds them beside the workspace's runs, labelled with the experiment's name."""
+    from pipeline.results import RunResultsDB, rebuild_index
+
+    params = {"seed": 0}
+    RunResultsDB(tmp_path / "runs" / "fd" / "run.duckdb").start_run("fd-1", "fd", "mnist", "homo", params, "abc")
+    RunResultsDB(tmp_path / "experiments" / "sweep-R-4" / "fd" / "run.duckdb").start_run(
+        "fd-2", "fd", "mnist", "homo", params, "abc", experiment="sweep-R-4", changed={"index.R": 4})
+    index = tmp_path / "results.duckdb"
+    assert rebuild_index(index).runs == 2
+    runs = data.load_runs(index).set_index("run_id")
+    assert runs.at["fd-2", "label"] == "fd/homo sweep-R-4" and runs.at["fd-2", "changed"] == {"index.R": 4}
+    assert runs.at["fd-1", "label"] == "fd/homo fd-1" and pd.isna(runs.at["fd-1", "experiment"])

@@ -82,7 +82,7 @@ def test_each_stage_writes_its_own_file(workspace):
     assert [p.parent.name for p in run_files(paths.RUNS)] == ["fedcache", "local", "local-hetero"]
     for path in run_files(paths.RUNS):
         rows = _rows(path)
-        assert len(rows["runs"]) == 1 and rows["runs"][0][-1] == "finished"  # one run per file
+        assert len(rows["runs"]) == 1 and rows["runs"][0][8] == "finished"  # one run per file; [8]: status
         assert [r[1] for r in rows["rounds"]] == [0, 1, 2]
     assert not paths.RESULTS_DB.exists()  # training writes no index
 
