@@ -163,3 +163,31 @@ def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
         assert con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone() == ("finished",)
     finally:
         con.close()
+
+
+def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
+    """`python -m pipeline.sweeps run` queues one DVC experiment per value, runs the queue with 2 jobs;
+    each experiment's report stage publishes its runs to this checkout, tagged with its name and
+    the params it changed (against the committed params.yaml)."""
+    (repo / "sweeps/tiny.yaml").write_text("# two values of alpha\nvary:\n  partition.alpha: [0.5, 3]\n")
+    try:
+        out = _run([str(BIN / "python"), "-m", "pipeline.sweeps", "run", "tiny", "--jobs", "2",
+                    "-S", "train.algorithms=[local]"], repo)
+        assert "| tiny-alpha-0.5 | partition.alpha=0.5 | local |" in out.stdout, out.stdout
+        con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
+        try:
+            rows = con.execute("SELECT experiment, changed, algorithm, status FROM runs WHERE experiment IS NOT NULL "
+                               "ORDER BY experiment").fetchall()
+            workspace = con.execute("SELECT count(*) FROM runs WHERE experiment IS NULL").fetchone()[0]
+        finally:
+            con.close()
+        assert [(e, json.loads(c), a, s) for e, c, a, s in rows] == [
+            ("tiny-alpha-0.5", {"partition.alpha": 0.5, "train.algorithms": ["local"]}, "local", "finished"),
+            ("tiny-alpha-3", {"partition.alpha": 3.0, "train.algorithms": ["local"]}, "local", "finished")]
+        assert workspace == 2  # the workspace's own runs (fedcache, local) stay in the index beside them
+    finally:  # the other tests see the repository as built
+        (repo / "sweeps/tiny.yaml").unlink()
+        import shutil
+
+        shutil.rmtree(repo / "results/experiments", ignore_errors=True)
+        _run([str(BIN / "python"), "-m", "pipeline.results", "rebuild"], repo)

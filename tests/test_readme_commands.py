@@ -61,6 +61,14 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
     (r"\.venv/bin/python -m pipeline\.presets run \S+", "shrunk", "a preset at the paper's scale"),
     (r"\.venv/bin/python -m pipeline\.presets (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.sweeps (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.sweeps run \S+", "excluded",
+     "8 experiments at the default scale (hours on 2 cores); tests/test_dvc_pipeline.py runs the same command on "
+     "a 2-value sweep of the tiny setting with 2 jobs"),
+    (r"\.venv/bin/python -m pipeline\.sweeps (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.sweeps run \S+", "excluded",
+     "8 experiments at the default scale (hours on 2 cores); tests/test_dvc_pipeline.py runs the same command on "
+     "a 2-value sweep of the tiny setting with 2 jobs"),
     (r"make dashboard( .*)?", "serve", "a server that runs until stopped"),
     (r"\.venv/bin/python -m dashboard\.sample_data \S+", "tmpdir", "writes to the directory it is given"),
     (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
