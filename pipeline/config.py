@@ -236,6 +236,10 @@ class LocalParams(_Section):
     pass
 
 
+class MTFLParams(_Section):
+    pass
+
+
 class ReportParams(_Section):
     baseline: AlgorithmName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
@@ -265,6 +269,7 @@ class Params(_Section):
     pdfl: PDFLParams = PDFLParams()
     fedalt: FedAltParams = FedAltParams()
     local: LocalParams = LocalParams()
+    mtfl: MTFLParams = MTFLParams()
     report: ReportParams = ReportParams()
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ from pipeline.algorithms.fedavg import FedAvg
 from pipeline.algorithms.fedcache import FedCache
 from pipeline.algorithms.fedproto import FedProto
 from pipeline.algorithms.local import LocalOnly
+from pipeline.algorithms.mtfl import MTFL
 from pipeline.algorithms.pdfl import PDFL
 
-REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, FedProto, LocalOnly, PDFL, FedAlt)}
+REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, FedProto, LocalOnly, PDFL, FedAlt, MTFL)}
