@@ -12,7 +12,7 @@ from prefect import flow, task
 from pipeline import experiments, paths
 from pipeline.compare import comparison
 from pipeline.config import Params, load_params
-from pipeline.report import format_table, plot_accuracy_vs_bytes, write_outputs
+from pipeline.report import format_paper_table, format_table, plot_accuracy_vs_bytes, write_outputs
 from pipeline.results import ResultsDB, rebuild_index
 
 
@@ -36,9 +36,12 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     rows = comparison(runs, target, baseline=params.report.baseline)
     rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows))
     print(rebuilt.message)
-    write_outputs(rows, paths.METRICS, paths.REPORT_DIR)
+    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset)
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     print(format_table(rows))
+    beside = format_paper_table(rows, params.data.dataset)
+    if beside:
+        print(f"\nThe FedCache paper (K = 300, all training samples), same dataset, method and setting:\n{beside}")
     exp = experiments.current()
     if exp is not None:  # a queued experiment (sweep): its runs to the main checkout's index as well
         for folder in experiments.publish(exp):

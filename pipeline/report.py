@@ -46,14 +46,43 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path) -> None:
+def format_paper_table(rows: list[dict], dataset: str, figures: list | None = None) -> str:
+    """Markdown: each measured run beside the FedCache paper's figure for the same (dataset, method,
+    setting) (paper/fedcache_tables.csv), with the MAUA difference in points; "" when the paper has none.
+    The paper's GB are to its own target and its speed-ups against its table's reference method."""
+    from pipeline import paper
+
+    figures = paper.load() if figures is None else figures
+    lines = []
+    for r in rows:
+        p = paper.lookup(figures, dataset, r["algorithm"], r["setting"])
+        if p is None:
+            continue
+        diff = "—" if p.maua is None else f"{(r['maua'] - p.maua) * 100:+.1f}"
+        lines.append(f"| {r['algorithm']} | {r['setting']} | {r['maua']:.2%} | "
+                     f"{'-' if p.maua is None else f'{p.maua:.2%}'} (Table {p.table}) | {diff} | "
+                     f"{r['bytes_total'] / 1e9:.3f} | {'-' if p.comm_gb is None else f'{p.comm_gb:g}'} | {_speedup(r)} | "
+                     f"{'-' if p.speedup is None else f'{p.speedup:g}x vs {p.reference}'} |")
+    if not lines:
+        return ""
+    head = ["| algorithm | setting | MAUA | paper MAUA | difference (points) | GB total | paper GB to its target | "
+            "speed-up | paper speed-up |", "|---|---|---|---|---|---|---|---|---|"]
+    return "\n".join(head + lines)
+
+
+def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
     metrics = {_name(r): {"maua": round(r["maua"], 4), "final_acc": round(r["final_acc"], 4),
                           "bytes_total": r["bytes_total"], "bytes_setup": r["bytes_setup"], "rounds": r["rounds"]}
                for r in rows}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(metrics, indent=1) + "\n")
-    (report_dir / "comparison.md").write_text(format_table(rows) + "\n")
+    text = format_table(rows) + "\n"
+    beside = format_paper_table(rows, dataset) if dataset else ""
+    if beside:
+        text += f"\nThe FedCache paper's figures for the same dataset, method and setting (paper/fedcache_tables.csv; " \
+                f"its scale: K = 300, all training samples):\n\n{beside}\n"
+    (report_dir / "comparison.md").write_text(text)
     with open(report_dir / "comparison.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()

@@ -62,10 +62,12 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/python -m pipeline\.presets run \S+", "shrunk", "a preset at the paper's scale"),
     (r"\.venv/bin/python -m pipeline\.presets (list|show \S+)", "run", ""),
     (r"\.venv/bin/python -m pipeline\.sweeps (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.paper", "run", "prints the paper's figures"),
     (r"\.venv/bin/python -m pipeline\.sweeps run \S+", "excluded",
      "8 experiments at the default scale (hours on 2 cores); tests/test_dvc_pipeline.py runs the same command on "
      "a 2-value sweep of the tiny setting with 2 jobs"),
     (r"\.venv/bin/python -m pipeline\.sweeps (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.paper", "run", "prints the paper's figures"),
     (r"\.venv/bin/python -m pipeline\.sweeps run \S+", "excluded",
      "8 experiments at the default scale (hours on 2 cores); tests/test_dvc_pipeline.py runs the same command on "
      "a 2-value sweep of the tiny setting with 2 jobs"),
