@@ -240,6 +240,12 @@ class MTFLParams(_Section):
     pass
 
 
+class PFedMeParams(_Section):
+    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
+    lambda_: float = Field(15.0, gt=0, allow_inf_nan=False, alias="lambda")
+    beta: float = Field(1.0, gt=0, le=2, allow_inf_nan=False)
+
+
 class ReportParams(_Section):
     baseline: AlgorithmName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
@@ -270,6 +276,7 @@ class Params(_Section):
     fedalt: FedAltParams = FedAltParams()
     local: LocalParams = LocalParams()
     mtfl: MTFLParams = MTFLParams()
+    pfedme: PFedMeParams = PFedMeParams()
     report: ReportParams = ReportParams()
 
     @model_validator(mode="after")

@@ -92,6 +92,15 @@ def tiny_workspace(tmp_path, monkeypatch, mnist):
     return make_workspace(tmp_path, mnist)
 
 
+@pytest.fixture
+def learning_workspace(tmp_path, monkeypatch, mnist):
+    """Like tiny_workspace with 150 samples a client (about 25 test samples each): enough for a
+    method's accuracy after 3 rounds to say whether it learns."""
+    monkeypatch.chdir(tmp_path)
+    return make_workspace(tmp_path, mnist, {"partition": {"num_clients": 3, "samples_per_client": 150,
+                                                          "min_samples": 5}, "train": {"rounds": 3, "threads": 1}})
+
+
 def make_workspace(tmp_path, mnist, overrides: dict | None = None):
     """params.yaml (the tiny setting with `overrides`) and the partition/encode/index outputs in
     tmp_path, the current directory; returns (tmp_path, params, partition)."""

@@ -4,7 +4,6 @@ import duckdb
 import pytest
 import torch
 
-from conftest import make_workspace
 from pipeline import paths
 from pipeline.algorithms import REGISTRY
 from pipeline.algorithms.fedavg import weighted_average
@@ -45,12 +44,8 @@ def test_a_download_replaces_the_shared_tensors_and_keeps_the_clients_batchnorm(
         assert torch.equal(after[name], expected), name
 
 
-def test_mtfl_learns_and_sends_only_shared_tensors(tmp_path, monkeypatch, mnist):
-    # 150 samples a client: enough test samples (about 25 each) for the accuracy to mean something
-    monkeypatch.chdir(tmp_path)
-    _, params, part = make_workspace(tmp_path, mnist, {
-        "partition": {"num_clients": 3, "samples_per_client": 150, "min_samples": 5},
-        "train": {"rounds": 3, "algorithms": ["mtfl"], "threads": 1}})
+def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
+    _, params, part = learning_workspace
     trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),
                       RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
     summary = trainer.run()

@@ -7,7 +7,7 @@ from pipeline import paper, presets
 from pipeline.algorithms import REGISTRY
 from pipeline.errors import InputFileError
 
-NOT_YET = {"pfedme", "feddkc", "fedict"}  # the paper's methods this project does not have yet (issue 12)
+NOT_YET = {"feddkc", "fedict"}  # the paper's methods this project does not have yet (issue 12)
 
 
 def test_every_row_loads_and_names_a_preset_that_runs_its_setting():

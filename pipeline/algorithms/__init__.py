@@ -8,5 +8,6 @@ from pipeline.algorithms.fedproto import FedProto
 from pipeline.algorithms.local import LocalOnly
 from pipeline.algorithms.mtfl import MTFL
 from pipeline.algorithms.pdfl import PDFL
+from pipeline.algorithms.pfedme import PFedMe
 
-REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, FedProto, LocalOnly, PDFL, FedAlt, MTFL)}
+REGISTRY = {cls.name: cls for cls in (FedCache, FD, FedAvg, FedProto, LocalOnly, PDFL, FedAlt, MTFL, PFedMe)}
