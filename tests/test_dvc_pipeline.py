@@ -169,11 +169,12 @@ def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
     """`python -m pipeline.sweeps run` queues one DVC experiment per value, runs the queue with 2 jobs;
     each experiment's report stage publishes its runs to this checkout, tagged with its name and
     the params it changed (against the committed params.yaml)."""
-    (repo / "sweeps/tiny.yaml").write_text("# two values of alpha\nvary:\n  partition.alpha: [0.5, 3]\n")
+    # a training knob: each experiment restores partition, encode and index from DVC's cache and trains
+    (repo / "sweeps/tiny.yaml").write_text("# two learning rates\nvary:\n  train.lr: [0.05, 0.02]\n")
     try:
         out = _run([str(BIN / "python"), "-m", "pipeline.sweeps", "run", "tiny", "--jobs", "2",
                     "-S", "train.algorithms=[local]"], repo)
-        assert "| tiny-alpha-0.5 | partition.alpha=0.5 | local |" in out.stdout, out.stdout
+        assert "| tiny-lr-0.05 | train.lr=0.05 | local |" in out.stdout, out.stdout
         con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
         try:
             rows = con.execute("SELECT experiment, changed, algorithm, status FROM runs WHERE experiment IS NOT NULL "
@@ -182,8 +183,8 @@ def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
         finally:
             con.close()
         assert [(e, json.loads(c), a, s) for e, c, a, s in rows] == [
-            ("tiny-alpha-0.5", {"partition.alpha": 0.5, "train.algorithms": ["local"]}, "local", "finished"),
-            ("tiny-alpha-3", {"partition.alpha": 3.0, "train.algorithms": ["local"]}, "local", "finished")]
+            ("tiny-lr-0.02", {"train.lr": 0.02, "train.algorithms": ["local"]}, "local", "finished"),
+            ("tiny-lr-0.05", {"train.lr": 0.05, "train.algorithms": ["local"]}, "local", "finished")]
         assert workspace == 2  # the workspace's own runs (fedcache, local) stay in the index beside them
     finally:  # the other tests see the repository as built
         (repo / "sweeps/tiny.yaml").unlink()
