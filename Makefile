@@ -89,7 +89,7 @@ worker: setup
 # The Streamlit dashboard over the results index and the per-run files (read-only; fine while a training stage runs).
 dashboard: setup
 	$(BIN)/streamlit run dashboard/app.py --server.address $(DASHBOARD_HOST) --server.port $(DASHBOARD_PORT) \
-	  --server.headless true --browser.gatherUsageStats false $(if $(strip $(DASHBOARD_ARGS)),-- $(DASHBOARD_ARGS))
+	  --server.headless true --browser.gatherUsageStats false --client.toolbarMode minimal $(if $(strip $(DASHBOARD_ARGS)),-- $(DASHBOARD_ARGS))
 
 clean:
 	rm -rf .prefect results data/partition data/hashes data/cache

@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:  # `streamlit run dashboard/app.py` puts dashboard
 
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
+from streamlit import config as st_config  # noqa: E402
 
 from dashboard import data, stages  # noqa: E402
 from dashboard.config import Config, load_config  # noqa: E402
@@ -59,7 +60,21 @@ def _keep_valid(key: str, options: list, default: list) -> None:
     st.session_state[f"_{key}_options"] = list(options)
 
 
-def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float]:
+def baseline_picker(sb, algorithms: list[str]) -> str:
+    """The speed-up baseline: an algorithm of the chosen runs, or the costliest run reaching the target.
+    It follows the default (FedAvg when chosen) until the user picks another."""
+    options = [*algorithms, data.COSTLIEST]
+    default = data.default_baseline(algorithms)
+    if st.session_state.get("baseline") not in options or \
+            st.session_state.get("baseline") == st.session_state.get("_baseline_default"):
+        st.session_state["baseline"] = default
+    st.session_state["_baseline_default"] = default
+    return sb.selectbox("Speed-up baseline", options, key="baseline",
+                        format_func=lambda a: a or "costliest run reaching the target",
+                        help="Speed-up = the baseline's bytes to the target over a run's (same setting; pipeline/compare.py)")
+
+
+def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, str]:
     sb = st.sidebar
     sb.header("Runs")
     settings_opts = sorted(runs["setting"].dropna().unique())
@@ -76,8 +91,9 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float]:
     chosen = sb.multiselect(
         "Runs (side by side)", options, key="runs",
         format_func=lambda r: f"{info.at[r, 'label']} · {pd.Timestamp(info.at[r, 'started_at']):%m-%d %H:%M}"
-                              f"{' · running' if info.at[r, 'status'] == 'running' else ''}")
+                              f"{'' if info.at[r, 'status'] == 'finished' else ' · ' + info.at[r, 'status_shown']}")
     sb.header("Display")
+    baseline = baseline_picker(sb, sorted(set(info.loc[[r for r in chosen if r in info.index], "algorithm"])))
     include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
                               help="Round 0's traffic (FedCache: the hash upload). Off: training traffic only.")
     auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh")
@@ -85,7 +101,7 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float]:
                             key="refresh_s", disabled=not auto)
     sb.button("Refresh now")
     sb.caption(f"Results: `{cfg.results_db}` and what changed since in `{cfg.run_files_dir}` (read-only)")
-    return chosen, include_setup, (every if auto else 0.0)
+    return chosen, include_setup, (every if auto else 0.0), baseline
 
 
 # ----------------------------------------------------------------------------- page
@@ -99,18 +115,21 @@ def _stage_params(snap: data.Snapshot, ids: list[str]) -> dict:
 
 
 def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | None]:
+    """A fresh snapshot, or the last one read when a file is locked by a writer or damaged (a file being
+    replaced, or broken for good: the message names it and the command that makes it again)."""
     try:
         snap = data.load_snapshot(cfg.results_db, ids, cfg.lock_timeout_s, cfg.run_files_dir)
-    except data.ResultsBusy as err:
+    except (data.ResultsBusy, data.ResultsDamaged) as err:
         prev = st.session_state.get("_snapshot")
         if prev is None:
             raise
-        return prev, f"{err}. Showing the data read at {time.strftime('%H:%M:%S', time.localtime(prev.read_at))}."
+        read_at = time.strftime("%H:%M:%S", time.localtime(prev.read_at))
+        return prev, f"{str(err).rstrip('.')}. Showing the data read at {read_at}."
     st.session_state["_snapshot"] = snap
     return snap, None
 
 
-def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool) -> None:
+def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool, baseline: str) -> None:
     try:
         snap, stale = read_snapshot(cfg, ids)
     except data.ResultsDamaged as err:
@@ -126,17 +145,19 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     for r in ids:
         row = snap.runs[snap.runs["run_id"] == r]
         if not row.empty and row["n_rounds"].iloc[0] == 0:
-            st.info(f"Run {snap.label(r)} has no rounds yet (status: {row['status'].iloc[0]}).")
+            st.info(f"Run {snap.label(r)} has no rounds yet (status: {row['status_shown'].iloc[0]}).")
     done = ", ".join(f"{snap.label(r)}: " + ("no rounds" if pd.isna(last) else f"round {int(last)}")
                      for r, last in zip(snap.runs["run_id"], snap.runs["last_round"]) if r in ids)
     st.caption(f"Read {time.strftime('%H:%M:%S', time.localtime(snap.read_at))} · {done}")
+    if mismatch := data.setup_mismatch(snap.runs, ids):
+        st.warning(mismatch)
     stats = None
     if cfg.stats_path.is_file():
         stats = stages.load_stats(cfg.stats_path)
     params = _stage_params(snap, ids)
     tabs = st.tabs(TABS)
     with tabs[0], guarded(TABS[0]):
-        view_overview(snap, ids, include_setup)
+        view_overview(snap, ids, include_setup, baseline)
     with tabs[1], guarded(TABS[1]):
         view_clients(snap, ids, stats)
     with tabs[2], guarded(TABS[2]):
@@ -149,8 +170,18 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
         view_params(snap, ids)
 
 
+def hide_developer_toolbar() -> None:
+    """No 'Deploy' button or developer menu (client.toolbarMode = minimal) unless the command line or a
+    config file sets the mode. Streamlit sends the option as a script run starts, so the first run in a
+    server sets it and reruns once (`--client.toolbarMode minimal` on the command line saves that rerun)."""
+    if st_config.get_where_defined("client.toolbarMode") == st_config.ConfigOption.DEFAULT_DEFINITION:
+        st.set_option("client.toolbarMode", "minimal")
+        st.rerun()
+
+
 def main() -> None:
     st.set_page_config(page_title="FedCache results", page_icon="📶", layout="wide")
+    hide_developer_toolbar()
     cfg = load_config(sys.argv[1:])
     st.title("FedCache: accuracy and bytes communicated")
     try:
@@ -160,26 +191,26 @@ def main() -> None:
         st.info(str(err))
         retry_soon(cfg.refresh_s)
         return
-    except data.ResultsDamaged as err:
-        st.error(str(err))
-        retry_soon(cfg.refresh_s)
-        return
-    except data.ResultsUnavailable as err:
+    except data.ResultsUnavailable as err:  # locked or damaged: go on with the runs read last (the views say why)
         runs = st.session_state.get("_runs")
         if runs is None:
-            st.warning(f"{err} Retrying…")
-            retry_soon(min(cfg.refresh_s or 2.0, 2.0))
+            if isinstance(err, data.ResultsDamaged):
+                st.error(str(err))
+                retry_soon(cfg.refresh_s)
+            else:
+                st.warning(f"{err} Retrying…")
+                retry_soon(min(cfg.refresh_s or 2.0, 2.0))
             return
     if runs.empty:
         st.info(f"`{cfg.results_db}` has no runs yet: start a training stage (`make run` or "
                 "`.venv/bin/python -m flows.train fedcache`); they appear here as soon as their first round is written.")
         retry_soon(cfg.refresh_s)
         return
-    ids, include_setup, every = sidebar(cfg, runs)
+    ids, include_setup, every, baseline = sidebar(cfg, runs)
     if not ids:
         st.info("Pick at least one run in the sidebar.")
         return
-    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup)
+    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup, baseline)
 
 
 if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing

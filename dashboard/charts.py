@@ -1,40 +1,129 @@
-"""Altair charts over the frames of dashboard.data / dashboard.stages (no Streamlit here)."""
+"""Altair charts over the frames of dashboard.data / dashboard.stages (no Streamlit here).
+
+Colours are fixed per method (a run is drawn in its algorithm's colour, a second run of the same
+method dashed) and per traffic kind, with explicit scale domains and ranges, so a method or a
+kind looks the same in every chart whatever is selected and in whatever order.
+"""
 
 from __future__ import annotations
+
+import math
+import zlib
 
 import altair as alt
 import pandas as pd
 
 HEIGHT = 420  # the whole chart (title, axes and legend included), as Streamlit sizes it
 
+# tableau10 hues, FedCache in red: the method the dashboard is about
+METHOD_COLORS = {"fedcache": "#e15759", "fd": "#f28e2b", "fedavg": "#4e79a7", "fedproto": "#59a14f",
+                 "local": "#79706e", "pdfl": "#b07aa1", "fedalt": "#76b7b2", "mtfl": "#edc948", "pfedme": "#ff9da7"}
+OTHER_COLORS = ["#9c755f", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#1f77b4", "#bab0ac", "#393b79"]
+# per traffic kind a category20 pair: dark = up, light = down (the ledger's kinds, pipeline/algorithms)
+KIND_COLORS = {"hashes": ("#8c564b", "#c49c94"), "logits": ("#d62728", "#ff9896"), "knowledge": ("#1f77b4", "#aec7e8"),
+               "class_logits": ("#ff7f0e", "#ffbb78"), "params": ("#2ca02c", "#98df8a"),
+               "prototypes": ("#9467bd", "#c5b0d5"), "model": ("#e377c2", "#f7b6d2"), "feedback": ("#7f7f7f", "#c7c7c7"),
+               "block1": ("#17becf", "#9edae5"), "block2": ("#bcbd22", "#dbdb8d"), "block3": ("#393b79", "#9c9ede")}
+OTHER_KIND_COLORS = [("#637939", "#b5cf6b"), ("#8c6d31", "#e7ba52"), ("#843c39", "#d6616b"), ("#7b4173", "#ce6dbd")]
+DASHES = [[1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [1, 3]]  # solid first: one run per method is always solid
+BYTES_LABEL = "format(datum.value, '~s') + 'B'"  # 1kB, 10MB: no '0M' ticks on log axes
 
-def run_color(domain: list[str] | None = None, legend: bool = True) -> alt.Color:
-    """One colour per run, the same in every chart when given the same domain (all shown runs)."""
-    scale = alt.Scale(scheme="tableau10", domain=domain) if domain else alt.Scale(scheme="tableau10")
-    return alt.Color("run:N", title="run", scale=scale,
-                     legend=alt.Legend(orient="bottom", columns=2, labelLimit=260) if legend else None)
+
+def _stable(name: str, palette: list):
+    """A palette entry picked by the name itself (crc32: the same in every process, unlike hash())."""
+    return palette[zlib.crc32(str(name).encode()) % len(palette)]
 
 
-def accuracy_vs_round(curves: pd.DataFrame, runs: list[str] | None = None) -> alt.Chart:
-    return alt.Chart(curves, title="Mean user accuracy vs round").mark_line(point=True).encode(
-        x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
-        color=run_color(runs),
-        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), alt.Tooltip("cum_bytes:Q", format=",")],
+def method_color(algorithm: str) -> str:
+    return METHOD_COLORS.get(algorithm) or _stable(algorithm, OTHER_COLORS)
+
+
+def kind_color(traffic: str) -> str:
+    """'up · logits' -> the dark shade of logits' pair, 'down · logits' -> the light one."""
+    direction, _, kind = str(traffic).partition(" · ")
+    pair = KIND_COLORS.get(kind) or _stable(kind, OTHER_KIND_COLORS)
+    return pair[direction == "down"]
+
+
+def _runs_of(df: pd.DataFrame, runs: dict[str, str] | None) -> dict[str, str]:
+    """run label -> algorithm: as given (all shown runs, so every chart agrees), else from the frame."""
+    if runs is not None:
+        return runs
+    return dict(zip(df["run"], df["algorithm"])) if "algorithm" in df else {r: r.split("/")[0] for r in df["run"]}
+
+
+def _legend() -> alt.Legend:
+    """Runs' legend: a stroke per run, so a dashed run shows dashed."""
+    return alt.Legend(orient="bottom", columns=2, labelLimit=260, symbolType="stroke", symbolStrokeWidth=2.5)
+
+
+def _decades(values: pd.Series) -> list[float]:
+    """Powers of ten from the one below the smallest value (strictly: a bar there would have no height)
+    to the one above the largest, at least two."""
+    lo, hi = (float(values.min()), float(values.max())) if len(values) else (2.0, 10.0)
+    decades = [10.0 ** k for k in range(math.floor(math.log10(lo) - 1e-9), math.ceil(math.log10(hi)) + 1)]
+    return decades + [decades[-1] * 10] if len(decades) == 1 else decades
+
+
+def _log_bytes_y(decades: list[float], title: str) -> alt.Y:
+    """A log bytes axis over the decades, ticked at each (1kB, 10kB, ...): no crowded labels in between."""
+    return alt.Y("bytes:Q", title=title, scale=alt.Scale(type="log", domain=[decades[0], decades[-1]]),
+                 axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
+
+
+def run_color(runs: dict[str, str], legend: bool = True) -> alt.Color:
+    """Each run in its method's colour; the legend lists the runs."""
+    return alt.Color("run:N", title="run", legend=_legend() if legend else None,
+                     scale=alt.Scale(domain=list(runs), range=[method_color(a) for a in runs.values()]))
+
+
+def run_dash(runs: dict[str, str]) -> alt.StrokeDash:
+    """Solid for the first shown run of each method, dashed for a second one of the same method (same
+    colour); its legend merges with run_color's (same field, title and legend)."""
+    seen: dict[str, int] = {}
+    dashes = []
+    for algorithm in runs.values():
+        dashes.append(DASHES[seen.get(algorithm, 0) % len(DASHES)])
+        seen[algorithm] = seen.get(algorithm, 0) + 1
+    return alt.StrokeDash("run:N", title="run", legend=_legend(), scale=alt.Scale(domain=list(runs), range=dashes))
+
+
+def traffic_color(values) -> alt.Color:
+    """Each 'direction · kind' in its fixed colour (the same in both Communication charts)."""
+    domain = sorted(set(values))
+    return alt.Color("traffic:N", title="direction · kind", legend=alt.Legend(orient="bottom", columns=4),
+                     scale=alt.Scale(domain=domain, range=[kind_color(t) for t in domain]))
+
+
+ACC_Y = alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
+BYTES_TIP = alt.Tooltip("cum_bytes:Q", format=",", title="cumulative bytes")
+
+
+def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, x: str = "round") -> alt.Chart:
+    """x='round', or x='time': cumulative wall-clock seconds of the rounds (training + evaluation)."""
+    runs = _runs_of(curves, runs)
+    if x == "time":
+        title, x_enc = "Mean user accuracy vs wall-clock time", alt.X("cum_s:Q", title="wall-clock time (s, cumulative)")
+    else:
+        title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
+    return alt.Chart(curves, title=title).mark_line(point=True).encode(
+        x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
+        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), alt.Tooltip("cum_s:Q", format=".1f",
+                                                                                  title="wall-clock s"), BYTES_TIP],
     ).properties(height=HEIGHT)
 
 
 def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
-                      runs: list[str] | None = None) -> alt.LayerChart | alt.Chart:
+                      runs: dict[str, str] | None = None) -> alt.LayerChart | alt.Chart:
     """Log-x lines; runs that send nothing (cumulative 0 B) become dashed rules at their MAUA."""
+    runs = _runs_of(curves, runs)
     sent = curves[curves["cum_bytes"] > 0]
     title = "Mean user accuracy vs cumulative bytes (up + down)"
     base = alt.Chart(sent).mark_line(point=True).encode(
         x=alt.X("cum_bytes:Q", title="cumulative bytes (log)", scale=alt.Scale(type="log", nice=False),
-                axis=alt.Axis(format="~s")),
-        y=alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
-        color=run_color(runs),
-        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), alt.Tooltip("cum_bytes:Q", format=",")],
+                axis=alt.Axis(labelExpr=BYTES_LABEL)),
+        y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
+        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), BYTES_TIP],
     ).properties(height=HEIGHT)
     if zero_byte_runs.empty:
         return base.properties(title=title)
@@ -43,32 +132,60 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
     return alt.layer(base, rules).properties(title=title)
 
 
-def client_spread(best: pd.DataFrame, runs: list[str] | None = None) -> alt.Chart:
-    """Horizontal boxes (min-max whiskers), one per run, so long run names stay readable."""
+def client_spread(best: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
+    """Horizontal boxes (min-max whiskers), one per run, so long run names stay readable; fit-x
+    autosize: the height is the plot's, 40 px per run."""
+    runs = _runs_of(best, runs)
     return alt.Chart(best, title="Per-client accuracy at each run's best round").mark_boxplot(
         extent="min-max", size=22).encode(
-        y=alt.Y("run:N", title=None, sort=runs, axis=alt.Axis(labelLimit=260)),
+        y=alt.Y("run:N", title=None, sort=list(runs), axis=alt.Axis(labelLimit=260)),
         x=alt.X("acc:Q", title="client accuracy", axis=alt.Axis(format="%")),
         color=run_color(runs, legend=False),
-    ).properties(height=max(120, 48 * best["run"].nunique()))
+    ).properties(height=40 * max(2, best["run"].nunique()), autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
-def client_accuracy(history: pd.DataFrame, client_id: int, runs: list[str] | None = None) -> alt.Chart:
+def client_accuracy(history: pd.DataFrame, client_id: int, runs: dict[str, str] | None = None) -> alt.Chart:
+    """0-100 % y axis; fit-x autosize, so the height is the plot's and the title and legend come on top."""
+    runs = _runs_of(history, runs)
     return alt.Chart(history, title=f"Client {client_id}: accuracy vs round").mark_line(point=True).encode(
         x=alt.X("round:Q", axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y("acc:Q", title="accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
-        color=run_color(runs), tooltip=["run", "round", alt.Tooltip("acc:Q", format=".2%"), "n_test"],
-    ).properties(height=260)
+        y=alt.Y("acc:Q", title="accuracy", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5)),
+        color=run_color(runs), strokeDash=run_dash(runs),
+        tooltip=["run", "round", alt.Tooltip("acc:Q", format=".2%"), "n_test"],
+    ).properties(height=300, autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
-def bytes_stacked(df: pd.DataFrame, x: str = "run:N", title: str = "Bytes by kind and direction") -> alt.Chart:
-    return alt.Chart(df, title=title).mark_bar().encode(
-        x=alt.X(x, title=None if x.startswith("run") else x.split(":")[0],
-                axis=alt.Axis(labelAngle=0, labelLimit=200)),
-        y=alt.Y("sum(bytes):Q", title="bytes", stack="zero", axis=alt.Axis(format="~s")),
-        color=alt.Color("traffic:N", title="direction · kind", legend=alt.Legend(orient="bottom")),
-        tooltip=["traffic", alt.Tooltip("sum(bytes):Q", format=",", title="bytes")],
+def bytes_by_kind(df: pd.DataFrame, runs: list[str] | None = None) -> alt.Chart:
+    """Total bytes per run, one bar per direction · kind side by side on a log axis (stacking on a log
+    axis would misstate the parts; one-time set-up traffic must not flatten the rest)."""
+    df = df[df["bytes"] > 0]
+    decades = _decades(df["bytes"])
+    return alt.Chart(df, title="Bytes by kind and direction").mark_bar().encode(
+        x=alt.X("run:N", title=None, sort=runs, axis=alt.Axis(labelAngle=0, labelLimit=200)),
+        xOffset=alt.XOffset("traffic:N", sort=sorted(set(df["traffic"]))),
+        y=_log_bytes_y(decades, "bytes (log)"),
+        y2=alt.datum(decades[0]),  # bars rise from the axis' bottom decade: a log axis has no 0
+        color=traffic_color(df["traffic"]),
+        tooltip=["run", "traffic", alt.Tooltip("bytes:Q", format=",")],
     ).properties(height=HEIGHT)
+
+
+def bytes_per_round(df: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
+    """Every selected run's bytes per round and kind, overlaid on a log axis: colour = kind (as in
+    bytes_by_kind), dash and point shape = run (a line mark takes no shape: points on top carry it)."""
+    df = df[df["bytes"] > 0]
+    runs = runs or list(dict.fromkeys(df["run"]))
+    base = alt.Chart(df).encode(
+        x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
+        y=_log_bytes_y(_decades(df["bytes"]), "bytes per round (log)"),
+        color=traffic_color(df["traffic"]))
+    legend = alt.Legend(orient="bottom", columns=2, labelLimit=260)  # one legend for both (same field, title)
+    lines = base.mark_line().encode(strokeDash=alt.StrokeDash("run:N", title="run", legend=legend, scale=alt.Scale(
+        domain=runs, range=[DASHES[i % len(DASHES)] for i in range(len(runs))])))
+    points = base.mark_point(filled=True, size=50).encode(
+        shape=alt.Shape("run:N", title="run", legend=legend, scale=alt.Scale(domain=runs)),
+        tooltip=["run", "round", "traffic", alt.Tooltip("bytes:Q", format=",")])
+    return alt.layer(lines, points).properties(title="Bytes per round, all selected runs", height=HEIGHT)
 
 
 def label_heatmap(mix: pd.DataFrame) -> alt.Chart:

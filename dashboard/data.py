@@ -22,6 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -70,9 +71,11 @@ def live_run_files(index: Path, runs_dir: Path) -> list[Path]:
     return [f for f in run_files(runs_dir) if _changed_ns(f) > built]
 
 
-def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str]) -> None:
+def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
+             changed_s: dict[str, float] | None = None) -> None:
     """Temp views runs/rounds/... over the attached catalogs: the index's rows of the runs no live
-    file holds, then every live file's rows (an empty typed table underneath gives every column)."""
+    file holds, then every live file's rows (an empty typed table underneath gives every column);
+    and a temp table file_seen (run_id, seen_s): when each live file last changed (epoch s)."""
     con.execute("CREATE SCHEMA empty")
     con.execute("USE memory.empty")
     con.execute(RUN_SCHEMA)
@@ -87,6 +90,10 @@ def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str])
                 where = f" WHERE run_id NOT IN ({fresh})" if c == index and fresh else ""
                 parts.append(f"SELECT * FROM {c}.{table}{where}")
         con.execute(f"CREATE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+    con.execute("CREATE TEMP TABLE file_seen (run_id VARCHAR, seen_s DOUBLE)")
+    for c in live:
+        if "runs" in have[c]:
+            con.execute(f"INSERT INTO file_seen SELECT run_id, ? FROM {c}.runs", [(changed_s or {}).get(c)])
 
 
 @contextmanager
@@ -105,7 +112,7 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
     con = duckdb.connect()
     files = ([path] if path.is_file() else []) + live
     try:
-        index, fresh = None, []
+        index, fresh, changed_s = None, [], {}
         for i, f in enumerate(files):
             try:
                 if not attach(con, f, f"src{i}", max(0.0, deadline - time.monotonic()), poll_s):
@@ -119,7 +126,8 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                 index = f"src{i}"
             else:
                 fresh.append(f"src{i}")
-        _combine(con, index, fresh)
+                changed_s[f"src{i}"] = _changed_ns(f) / 1e9
+        _combine(con, index, fresh, changed_s)
         try:
             yield con
         except duckdb.Error as err:  # a file whose header reads but whose data does not
@@ -133,12 +141,50 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     df = con.execute(
         "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
-        "r.status, r.experiment, r.changed, count(x.round) AS n_rounds, max(x.round) AS last_round "
-        "FROM runs r LEFT JOIN rounds x USING (run_id) GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
+        "r.status, r.experiment, r.changed, count(x.round) AS n_rounds, max(x.round) AS last_round, "
+        "sum(x.wall_s) AS wall_total, max(x.wall_s) AS wall_max, max(f.seen_s) AS seen_s "
+        "FROM runs r LEFT JOIN rounds x USING (run_id) LEFT JOIN file_seen f USING (run_id) "
+        "GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
     df["params"] = [json.loads(p) if isinstance(p, str) else (p or {}) for p in df["params"]]
     df["changed"] = [json.loads(c) if isinstance(c, str) else None for c in df["changed"]]
     df["label"] = run_labels(df)
-    return df
+    df["status_shown"] = shown_status(df)
+    for key, path in SETUP_KEYS.items():
+        df[key] = df["dataset"] if path is None else [_get(p, path) for p in df["params"]]
+    return df.drop(columns=["wall_total", "wall_max", "seen_s"])
+
+
+STALE_AFTER_S = 10 * 60  # a 'running' run with no round for this long (and 3x its slowest round) was likely killed
+
+
+def shown_status(runs: pd.DataFrame, now: datetime | None = None) -> list[str]:
+    """The status to show: 'running' becomes 'stale (no round for N min)' when the last round is old.
+    The last round is at least started_at + the rounds' wall_s (a resumed run: more), and at least
+    when its per-run file last changed (read from such a file)."""
+    now = now or datetime.now()  # started_at is local time (DuckDB's now() stored as TIMESTAMP)
+    out = []
+    for status, started, wall, slowest, seen in zip(runs["status"], runs["started_at"], runs["wall_total"],
+                                                    runs["wall_max"], runs["seen_s"]):
+        if status != "running" or pd.isna(started):
+            out.append(status)
+            continue
+        last = pd.Timestamp(started) + pd.Timedelta(seconds=0 if pd.isna(wall) else float(wall))
+        if not pd.isna(seen):
+            last = max(last, pd.Timestamp(datetime.fromtimestamp(seen)))
+        idle = (pd.Timestamp(now) - last).total_seconds()
+        stale = idle > max(STALE_AFTER_S, 3 * (0 if pd.isna(slowest) else slowest))
+        out.append(f"stale (no round for {int(idle // 60)} min)" if stale else status)
+    return out
+
+
+# What makes runs comparable: the dataset, the number of clients, the number of rounds.
+SETUP_KEYS = {"dataset": None, "partition.num_clients": ("partition", "num_clients"), "train.rounds": ("train", "rounds")}
+
+
+def _get(params: dict, path: tuple[str, ...]):
+    for key in path:
+        params = params.get(key) if isinstance(params, dict) else None
+    return params
 
 
 def run_labels(runs: pd.DataFrame) -> list[str]:
@@ -157,12 +203,37 @@ def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None) 
 
 
 def default_selection(runs: pd.DataFrame) -> list[str]:
-    """Per (algorithm, setting): the latest run that has written a round (else the latest run)."""
+    """Per (algorithm, setting): the latest finished run among those of the most common set-up of the
+    finished runs (SETUP_KEYS: dataset, clients, rounds), so a 4-round test run or a killed run is not
+    picked; without finished runs, the latest run that has written a round (else the latest run)."""
     if runs.empty:
         return []
-    ranked = runs.assign(_has=runs["n_rounds"].fillna(0) > 0).sort_values(["_has", "started_at", "run_id"])
+    keys = list(SETUP_KEYS)
+    done = runs[runs["status"] == "finished"]
+    if not done.empty:
+        setups = done.assign(_k=[tuple(map(str, v)) for v in done[keys].itertuples(index=False)])
+        # the most common set-up; a tie goes to the one with the newest run
+        counts = setups.groupby("_k").agg(n=("run_id", "size"), newest=("started_at", "max"))
+        best = counts.sort_values(["n", "newest"]).index[-1]
+        ranked = setups[setups["_k"] == best].sort_values(["started_at", "run_id"])
+    else:
+        ranked = runs.assign(_has=runs["n_rounds"].fillna(0) > 0).sort_values(["_has", "started_at", "run_id"])
     latest = ranked.groupby(["algorithm", "setting"], sort=False).tail(1)
     return latest.sort_values(["setting", "algorithm"])["run_id"].tolist()
+
+
+def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
+    """A warning naming the SETUP_KEYS in which the given runs differ, with each value's runs; None
+    when they agree."""
+    picked = runs[runs["run_id"].isin(run_ids)]
+    parts = []
+    for key in SETUP_KEYS:
+        values = picked.groupby(picked[key].astype(str), sort=True)["label"].agg(list)
+        if len(values) > 1:
+            parts.append(f"**{key}** " + "; ".join(f"{v} ({', '.join(labels)})" for v, labels in values.items()))
+    if not parts:
+        return None
+    return "The selected runs are not directly comparable, they differ in " + " · ".join(parts) + "."
 
 
 @dataclass
@@ -242,46 +313,108 @@ def default_target(runs: list[RunSeries], snap: Snapshot | None = None) -> float
     return math.floor(min(mauas) * 100) / 100 if mauas else 0.5
 
 
-def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True) -> pd.DataFrame:
-    rows = comparison(series(snap, run_ids), target, include_setup)
+COSTLIEST = ""  # a baseline no algorithm is called: pipeline.compare falls back to the costliest run reaching the target
+
+
+def default_baseline(algorithms) -> str:
+    """FedAvg when one of the runs is FedAvg (the paper's reference), else the costliest run reaching the target."""
+    return "fedavg" if "fedavg" in set(algorithms) else COSTLIEST
+
+
+def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
+                     baseline: str = "fedavg") -> pd.DataFrame:
+    """pipeline.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST)."""
+    rows = comparison(series(snap, run_ids), target, include_setup, baseline=baseline)
     df = pd.DataFrame(rows, columns=["algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total",
-                                     "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", "speedup"])
-    status = snap.runs.set_index("run_id")["status"]
+                                     "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", "speedup",
+                                     "speedup_target", "speedup_vs"])
+    status = snap.runs.set_index("run_id")["status_shown"]
     df.insert(3, "status", [status.get(r, "") for r in df["run_id"]])
     df.insert(0, "run", [snap.label(r) for r in df["run_id"]])
     return df
 
 
+NOT_REACHED = "not reached"
+
+
+def fmt_bytes(n, missing: str = "—") -> str:
+    """1234567 -> '1.2 MB' (decimal units, one decimal; bytes as a whole number)."""
+    if n is None or pd.isna(n):
+        return missing
+    n = float(n)
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
+        n /= 1000
+        if abs(n) < 999.95 or unit == "TB":
+            return f"{n:.1f} {unit}"
+
+
+def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFrame:
+    """comparison_frame for people: bytes as KB/MB/GB, 'not reached' instead of empty, the speed-up
+    as '2.50x' and what it is measured against ('fedavg at 64.0%')."""
+    out = table.copy()
+    for col in ("bytes_total", "bytes_setup", "bytes_training"):
+        out[col] = [fmt_bytes(v) for v in table[col]]
+    out["bytes_to_target"] = [fmt_bytes(v, NOT_REACHED) for v in table["bytes_to_target"]]
+
+    def speedup(row) -> str:
+        if pd.notna(row.speedup):
+            return f"{row.speedup:.2f}x"
+        sent = row.bytes_total if include_setup else row.bytes_training
+        reached = pd.notna(row.speedup_target) and pd.notna(row.maua) and row.maua >= row.speedup_target
+        return "no bytes sent" if reached and sent == 0 else NOT_REACHED
+
+    out["speedup"] = [speedup(row) for row in table.itertuples()]
+    out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
+                         for vs, level in zip(table["speedup_vs"], table["speedup_target"])]
+    return out.drop(columns=["speedup_target"])
+
+
+def run_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:
+    """Legend label -> algorithm of the given runs, in order (the charts' colour per method)."""
+    algo = snap.runs.set_index("run_id")["algorithm"]
+    return {snap.label(r): algo[r] for r in run_ids if r in algo.index}
+
+
+def _with_run(snap: Snapshot, df: pd.DataFrame) -> pd.DataFrame:
+    """Adds the legend label and the algorithm of each row's run."""
+    algo = snap.runs.set_index("run_id")["algorithm"]
+    df["run"] = [snap.label(r) for r in df["run_id"]]
+    df["algorithm"] = [algo.get(r, "") for r in df["run_id"]]
+    return df
+
+
 def accuracy_curves(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
-    """Per run and evaluated round: mean accuracy and cumulative bytes (up + down) so far."""
+    """Per run and evaluated round: mean accuracy, cumulative bytes (up + down) and cumulative
+    wall-clock seconds (the rounds' wall_s) so far."""
+    cols = ["run", "algorithm", "run_id", "round", "mean_acc", "cum_bytes", "cum_s"]
     if snap.rounds.empty:
-        return pd.DataFrame(columns=["run", "run_id", "round", "mean_acc", "cum_bytes"])
+        return pd.DataFrame(columns=cols)
     df = snap.rounds.copy()
     per_round = df["bytes_up"].astype("int64") + df["bytes_down"].astype("int64")
     if not include_setup:
         per_round = per_round.where(df["round"] > 0, 0)
     df["cum_bytes"] = per_round.groupby(df["run_id"]).cumsum()
-    df["run"] = [snap.label(r) for r in df["run_id"]]
-    df = df.dropna(subset=["mean_acc"])
-    return df[["run", "run_id", "round", "mean_acc", "cum_bytes"]].reset_index(drop=True)
+    df["cum_s"] = df["wall_s"].fillna(0).groupby(df["run_id"]).cumsum()
+    df = _with_run(snap, df).dropna(subset=["mean_acc"])
+    return df[cols].reset_index(drop=True)
 
 
 def best_round_clients(snap: Snapshot) -> pd.DataFrame:
     """Every client's accuracy at its run's best round (the round of the MAUA)."""
-    cols = ["run", "run_id", "round", "client_id", "acc", "n_test"]
+    cols = ["run", "algorithm", "run_id", "round", "client_id", "acc", "n_test"]
     evaluated = snap.rounds.dropna(subset=["mean_acc"])
     if evaluated.empty or snap.clients.empty:
         return pd.DataFrame(columns=cols)
     best = evaluated.loc[evaluated.groupby("run_id", sort=False)["mean_acc"].idxmax(), ["run_id", "round"]]
-    df = snap.clients.merge(best, on=["run_id", "round"])
-    df["run"] = [snap.label(r) for r in df["run_id"]]
+    df = _with_run(snap, snap.clients.merge(best, on=["run_id", "round"]))
     return df[cols].reset_index(drop=True)
 
 
 def client_history(snap: Snapshot, client_id: int) -> pd.DataFrame:
-    df = snap.clients[snap.clients["client_id"] == client_id].copy()
-    df["run"] = [snap.label(r) for r in df["run_id"]]
-    return df[["run", "run_id", "round", "acc", "n_test"]].reset_index(drop=True)
+    df = _with_run(snap, snap.clients[snap.clients["client_id"] == client_id].copy())
+    return df[["run", "algorithm", "run_id", "round", "acc", "n_test"]].reset_index(drop=True)
 
 
 def client_bytes(snap: Snapshot, client_id: int) -> pd.DataFrame:
@@ -303,7 +436,12 @@ def bytes_by_kind(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
     return out[["run", "direction", "kind", "traffic", "bytes"]]
 
 
-def bytes_per_round(snap: Snapshot, run_id: str) -> pd.DataFrame:
-    df = snap.comm_rounds[snap.comm_rounds["run_id"] == run_id].copy()
+def bytes_per_round(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
+    """Bytes per run, round, direction and kind (every selected run, for one overlaid chart)."""
+    df = snap.comm_rounds
+    if not include_setup:
+        df = df[df["round"] > 0]
+    df = df.copy()
+    df["run"] = [snap.label(r) for r in df["run_id"]]
     df["traffic"] = df["direction"] + " · " + df["kind"]
-    return df[["round", "direction", "kind", "traffic", "bytes"]].reset_index(drop=True)
+    return df[["run", "run_id", "round", "direction", "kind", "traffic", "bytes"]].reset_index(drop=True)

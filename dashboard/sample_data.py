@@ -25,6 +25,7 @@ from pipeline.results import ResultsDB
 
 K, PER_CLIENT, R, ROUNDS, C = 6, 40, 5, 6, 10
 BYTES_PER_LOGIT_ROW = 8 + 4 * C  # int64 id + float32 logits (up); knowledge down is 4 * C
+MODEL_BYTES = 20_000  # FedAvg: one model each way per client and round
 SERVER = -1  # comm rows' peer: the server
 
 
@@ -97,6 +98,8 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
             else:
                 comm += [(rnd, k, "up", "logits", n * BYTES_PER_LOGIT_ROW, SERVER),
                          (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
+    if algorithm == "fedavg" and rnd > 0:
+        comm += [(rnd, k, d, "params", MODEL_BYTES, SERVER) for k in range(len(sizes)) for d in ("up", "down")]
     up = sum(row[4] for row in comm if row[2] == "up")
     down = sum(row[4] for row in comm if row[2] == "down")
     clients = []
@@ -133,6 +136,24 @@ def build(root: Path) -> SampleInputs:
     db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
     (out.root / ".complete").touch()
     return out
+
+
+def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
+    """A results file as a researcher's gets: besides the finished runs of one set-up (FedCache, FedAvg,
+    local; 6 rounds), a newer 4-round FedCache test run and a newest FedCache run killed an hour ago
+    (still 'running'). Returns name -> run_id."""
+    sizes = np.full(K, PER_CLIENT)
+    ids = {"fedcache": "fedcache-20260201-000000-aaaaa1", "fedavg": "fedavg-20260201-000100-bbbbb1",
+           "local": "local-20260201-000200-ccccc1", "test": "fedcache-20260201-000300-ddddd1",
+           "killed": "fedcache-20260201-000400-eeeee1"}
+    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(root), sizes, curve(0.81), seed=1)
+    write_run(db, ids["fedavg"], "fedavg", "homo", params_for(root), sizes, curve(0.78), seed=2)
+    write_run(db, ids["local"], "local", "homo", params_for(root), sizes, curve(0.65), seed=3)
+    write_run(db, ids["test"], "fedcache", "homo", params_for(root, rounds=4), sizes, curve(0.5, rounds=4), seed=4)
+    write_run(db, ids["killed"], "fedcache", "homo", params_for(root), sizes, curve(0.8)[:3], finish=False, seed=5)
+    with db.connect() as con:  # killed an hour ago, after 3 rounds
+        con.execute("UPDATE runs SET started_at = started_at - INTERVAL 1 HOUR WHERE run_id = ?", [ids["killed"]])
+    return ids
 
 
 def build_once(root: Path) -> SampleInputs:

@@ -34,54 +34,59 @@ def guarded(view: str):
         st.error(f"{view}: could not be drawn ({type(err).__name__}: {err})")
 
 
-def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
+def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, baseline: str = "fedavg") -> None:
     series = data.series(snap, ids)
     if not series:
         st.info("The selected runs have no rounds yet: curves and the table appear after the first round is written.")
         return
     curves = data.accuracy_curves(snap, include_setup)
-    labels = [snap.label(s.run_id) for s in series]
+    labels = data.run_algorithms(snap, [s.run_id for s in series])  # label -> method: its colour
     zero = pd.DataFrame([{"run": snap.label(s.run_id), "maua": s.maua} for s in series
                          if (s.total_bytes if include_setup else s.total_bytes - s.setup_bytes) == 0 and s.maua is not None],
                         columns=["run", "maua"])
+    x = st.radio("Left chart: accuracy", ["round", "time"], key="acc_x", horizontal=True,
+                 format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)"}.get)
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.accuracy_vs_round(curves, labels), width="stretch")
+        st.altair_chart(charts.accuracy_vs_round(curves, labels, x), width="stretch")
     with right:
         st.altair_chart(charts.accuracy_vs_bytes(curves, zero, labels), width="stretch")
         if not zero.empty:
-            st.caption("Dashed: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
+            st.caption("Horizontal rules: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
 
     st.subheader("Comparison")
     if "target" not in st.session_state:
         st.session_state["target"] = data.default_target(series, snap)
     target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
                              step=0.01, format="%.2f", key="target")
-    table = data.comparison_frame(snap, ids, target, include_setup)
+    table = data.comparison_frame(snap, ids, target, include_setup, baseline)
+    text = st.column_config.TextColumn
     st.dataframe(
-        table.drop(columns=["target_acc", "algorithm", "setting"]), hide_index=True, width="stretch",
+        data.display_table(table, include_setup).drop(columns=["target_acc", "algorithm", "setting"]),
+        hide_index=True, width="stretch",
         column_config={
             "run": "run", "run_id": None,
             "maua": st.column_config.NumberColumn("MAUA", format="percent", help="max over rounds of the mean user accuracy"),
             "final_acc": st.column_config.NumberColumn("final acc", format="percent"),
-            "bytes_total": st.column_config.NumberColumn("bytes total", format="localized", help="up + down, set-up included"),
-            "bytes_training": st.column_config.NumberColumn("bytes w/o set-up", format="localized"),
-            "bytes_setup": st.column_config.NumberColumn("bytes set-up", format="localized"),
-            "bytes_to_target": st.column_config.NumberColumn(
-                f"bytes to {target:.0%}", format="localized",
-                help="cumulative bytes when the mean accuracy first reaches the target (empty: never reached)"),
-            "speedup": st.column_config.NumberColumn(
-                "speed-up", format="%.2fx",
-                help="bytes FedAvg (same setting) needs to reach the target -- or its best accuracy when it "
-                     "misses the target -- over this run's; without a FedAvg run: the costliest run that reaches it"),
+            "bytes_total": text("bytes total", help="up + down, set-up included"),
+            "bytes_training": text("bytes w/o set-up"),
+            "bytes_setup": text("bytes set-up"),
+            "bytes_to_target": text(f"bytes to {target:.0%}",
+                                    help="cumulative bytes when the mean accuracy first reaches the target"),
+            "speedup": text("speed-up", help="bytes the baseline (same setting) needs to reach the level in 'vs' "
+                                             "over this run's bytes to reach it"),
+            "speedup_vs": text("vs", help="the baseline run of the same setting and the accuracy compared at: the "
+                                          "target, or the baseline's best accuracy when it misses the target"),
         })
     st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
-               "Speed-up compares runs of the same setting (homo/hetero).")
+               "Speed-up compares runs of the same setting (homo/hetero), against the baseline picked in the sidebar; "
+               "a setting without a run of that method falls back to its costliest run reaching the target. "
+               "The CSV has the raw numbers (bytes).")
     st.download_button("Download table (CSV)", table.to_csv(index=False), "comparison.csv", "text/csv")
 
 
 def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> None:
-    labels = [snap.label(s.run_id) for s in data.series(snap, ids)]
+    labels = data.run_algorithms(snap, [s.run_id for s in data.series(snap, ids)])
     best = data.best_round_clients(snap)
     if best.empty:
         st.info("No per-client accuracies yet for the selected runs.")
@@ -111,8 +116,8 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
         cb = data.client_bytes(snap, cid)
         if not cb.empty:
             st.caption(f"Bytes client {cid} sent and received")
-            st.dataframe(cb.pivot_table(index="run", columns=["direction", "kind"], values="bytes", aggfunc="sum"),
-                         width="stretch")
+            table = cb.pivot_table(index="run", columns=["direction", "kind"], values="bytes", aggfunc="sum")
+            st.dataframe(table.map(data.fmt_bytes), width="stretch")
 
 
 def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
@@ -120,15 +125,10 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
     if totals.empty:
         st.info("No bytes recorded for the selected runs (local-only training sends nothing).")
         return
-    st.altair_chart(charts.bytes_stacked(totals), width="stretch")
-    with_bytes = [r for r in ids if r in set(snap.comm_rounds["run_id"])]
-    run = st.selectbox("Per round, run", with_bytes, format_func=snap.label, key="comm_run")
-    per_round = data.bytes_per_round(snap, run)
-    if not include_setup:
-        per_round = per_round[per_round["round"] > 0]
-    x = "round:O" if per_round["round"].nunique() <= 60 else "round:Q"  # one labelled bar per round while it fits
-    st.altair_chart(charts.bytes_stacked(per_round, x=x, title=f"{snap.label(run)}: bytes per round"), width="stretch")
-    silent = [snap.label(r) for r in ids if r not in set(with_bytes)]
+    with_bytes = [snap.label(r) for r in ids if r in set(snap.comm_rounds["run_id"])]
+    st.altair_chart(charts.bytes_by_kind(totals, with_bytes), width="stretch")
+    st.altair_chart(charts.bytes_per_round(data.bytes_per_round(snap, include_setup), with_bytes), width="stretch")
+    silent = [snap.label(r) for r in ids if snap.label(r) not in with_bytes]
     if silent:
         st.caption("No traffic: " + ", ".join(silent))
 
@@ -210,9 +210,9 @@ def view_params(snap: data.Snapshot, ids: list[str]) -> None:
         st.success("Same params.")
     else:
         st.dataframe(diff.rename(columns={"a": snap.label(ra), "b": snap.label(rb)}), hide_index=True, width="stretch")
-    a.caption(f"git {runs.at[ra, 'git_rev']} · {runs.at[ra, 'status']}")
+    a.caption(f"git {runs.at[ra, 'git_rev']} · {runs.at[ra, 'status_shown']}")
     a.json(runs.at[ra, "params"], expanded=1)
-    b.caption(f"git {runs.at[rb, 'git_rev']} · {runs.at[rb, 'status']}")
+    b.caption(f"git {runs.at[rb, 'git_rev']} · {runs.at[rb, 'status_shown']}")
     b.json(runs.at[rb, "params"], expanded=1)
 
 

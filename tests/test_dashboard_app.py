@@ -16,6 +16,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
+from dashboard import charts as charts_mod
 from dashboard import sample_data
 from dashboard.app import TABS
 from pipeline.results import ResultsDB
@@ -64,6 +65,12 @@ def texts(at: AppTest, *kinds: str) -> str:
     return "\n".join(str(e.value) for k in kinds for e in getattr(at, k))
 
 
+def to_bytes(text: str) -> float:
+    """'12.3 KB' -> 12300.0 (the table shows bytes in decimal units)."""
+    value, unit = text.split()
+    return float(value) * 1000 ** ["B", "KB", "MB", "GB", "TB"].index(unit)
+
+
 def assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -92,13 +99,13 @@ def test_selectors_and_overview(app, sample):
     assert fed["maua"] == pytest.approx(max(sample_data.curve(0.8123)))
     assert at.number_input(key="target").value == pytest.approx(0.64)  # lowest MAUA, rounded down
     reached = fed["bytes_to_target"]
-    assert reached > fed["bytes_setup"] and fed["speedup"] == pytest.approx(1.0)
+    assert to_bytes(reached) > to_bytes(fed["bytes_setup"]) and fed["speedup"] == "1.00x"
 
     at.number_input(key="target").set_value(0.5).run()
-    assert at.dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"] < reached
+    assert to_bytes(at.dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"]) < to_bytes(reached)
     at.sidebar.toggle(key="include_setup").set_value(False).run()
     fed = at.dataframe[0].value.set_index("run_id").loc[ids["fedcache"]]
-    assert fed["bytes_to_target"] < fed["bytes_setup"]  # training traffic only
+    assert to_bytes(fed["bytes_to_target"]) < to_bytes(fed["bytes_setup"])  # training traffic only
 
     # homo only, and an older run added side by side
     at.sidebar.multiselect(key="settings").set_value(["homo"]).run()
@@ -109,27 +116,137 @@ def test_selectors_and_overview(app, sample):
     assert all("/homo " in r for r in at.dataframe[0].value["run"])
 
 
+@pytest.fixture
+def mixed(sample, tmp_path):
+    """(results DB, ids) of sample_data.write_mixed_runs: one set-up's finished runs, a test run, a killed run."""
+    path = tmp_path / "mixed.duckdb"
+    return path, sample_data.write_mixed_runs(ResultsDB(path), sample.root)
+
+
+def test_default_selection_skips_test_and_killed_runs_and_warns_on_mixed_setups(app, mixed):
+    path, ids = mixed
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert_clean(at)
+    runs = at.sidebar.multiselect(key="runs")
+    assert runs.value == [ids["fedavg"], ids["fedcache"], ids["local"]]
+    assert "not directly comparable" not in texts(at, "warning")
+    killed = [o for o in runs.options if "eeeee1" in o]
+    assert len(killed) == 1 and "stale (no round for" in killed[0] and "running" not in killed[0]
+    runs.select(ids["test"]).run()  # a 4-round run beside 6-round ones
+    warning = texts(at, "warning")
+    assert "not directly comparable" in warning and "**train.rounds** 4 (fedcache/homo ddddd1)" in warning
+    runs.select(ids["killed"]).run()  # the table says stale too
+    assert at.dataframe[0].value.set_index("run_id").at[ids["killed"], "status"].startswith("stale (no round for")
+
+
+def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(app, mixed, sample):
+    path, ids = mixed
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert at.sidebar.selectbox(key="baseline").value == "fedavg"  # a FedAvg run is selected
+    assert at.sidebar.selectbox(key="baseline").options == ["fedavg", "fedcache", "local",
+                                                            "costliest run reaching the target"]
+    table = at.dataframe[0].value.set_index("run_id")
+    assert (table["speedup_vs"] == "fedavg at 64.0%").all()
+    assert table.at[ids["fedavg"], "speedup"] == "1.00x" and float(table.at[ids["fedcache"], "speedup"][:-1]) > 1
+    assert table.at[ids["local"], "speedup"] == "no bytes sent" and table.at[ids["local"], "bytes_total"] == "0 B"
+    assert table.at[ids["fedavg"], "bytes_total"] == "1.4 MB"  # 6 rounds x 6 clients x 2 x 20 kB = 1.44 MB
+    at.sidebar.selectbox(key="baseline").set_value("fedcache").run()
+    table = at.dataframe[0].value.set_index("run_id")
+    assert table.at[ids["fedcache"], "speedup"] == "1.00x" and float(table.at[ids["fedavg"], "speedup"][:-1]) < 1
+    assert at.sidebar.selectbox(key="baseline").value == "fedcache"  # kept across reruns
+    at.number_input(key="target").set_value(0.95).run()  # above every run's MAUA
+    table = at.dataframe[0].value.set_index("run_id")
+    assert (table["bytes_to_target"] == "not reached").all()
+    # a baseline that misses the target is compared at its best accuracy (pipeline.compare)
+    assert (table["speedup_vs"] == "fedcache at 79.9%").all() and table.at[ids["fedcache"], "speedup"] == "1.00x"
+    assert table.at[ids["fedavg"], "speedup"] == table.at[ids["local"], "speedup"] == "not reached"
+    assert not table.isna().any().any() and "None" not in table.to_string()
+
+    at = app()  # no FedAvg run: the costliest run reaching the target
+    assert at.sidebar.selectbox(key="baseline").value == ""
+    assert set(at.dataframe[0].value["speedup_vs"]) == {"fedcache at 64.0%"}
+
+
+def test_accuracy_vs_wall_clock_time(app):
+    at = app()
+    assert at.radio(key="acc_x").value == "round"
+    at.radio(key="acc_x").set_value("time").run()
+    assert_clean(at)
+    ch = charts(at)
+    assert "Mean user accuracy vs round" not in ch
+    spec = ch["Mean user accuracy vs wall-clock time"]
+    assert spec["encoding"]["x"]["field"] == "cum_s"
+    fed = frame(spec).query("run == 'fedcache/homo aaaaaa'")
+    assert fed["cum_s"].tolist() == pytest.approx([0.5 * (r + 1) for r in range(sample_data.ROUNDS + 1)])  # 0.5 s/round
+
+
 def test_clients_view(app):
     at = app()
     ch = charts(at)
     spread = ch["Per-client accuracy at each run's best round"]
     assert spread["mark"]["type"] == "boxplot"
     assert len(frame(spread)) == 3 * sample_data.K  # every client of every run at its best round
+    assert spread["height"] == 3 * 40 and spread["autosize"]["type"] == "fit-x"  # 40 px of plot per run
     at.selectbox(key="client").set_value(3).run()
     assert_clean(at)
     drill = charts(at)["Client 3: accuracy vs round"]
     assert set(frame(drill)["round"]) == set(range(sample_data.ROUNDS + 1))
+    # readable: a line per run on a 0-100 % axis, 300 px of plot that the title and legend do not eat
+    assert drill["mark"]["type"] == "line" and drill["encoding"]["y"]["scale"]["domain"] == [0, 1]
+    assert drill["encoding"]["y"]["axis"]["format"] == "%"
+    assert drill["height"] >= 300 and drill["autosize"]["type"] == "fit-x"
+
+
+def test_no_deploy_button(app):
+    from streamlit import config
+
+    try:
+        at = app()
+        assert_clean(at)
+        assert config.get_option("client.toolbarMode") == "minimal"
+    finally:
+        config.set_option("client.toolbarMode", "auto", config.ConfigOption.DEFAULT_DEFINITION)
+
+
+def scale(spec: dict, channel: str = "color") -> dict:
+    """value -> colour (or dash) of a chart's scale."""
+    enc = (spec.get("layer") or [spec])[0]["encoding"][channel]
+    return dict(zip(enc["scale"]["domain"], enc["scale"]["range"]))
 
 
 def test_communication_view(app, sample):
     at = app()
-    totals = frame(charts(at)["Bytes by kind and direction"])
+    ch = charts(at)
+    by_kind, per_round = ch["Bytes by kind and direction"], ch["Bytes per round, all selected runs"]
+    totals = frame(by_kind)
     assert {"up · hashes", "up · logits", "down · knowledge"} <= set(totals["traffic"])
-    per_round = [t for t in charts(at) if t.endswith("bytes per round")]
-    assert per_round
+    # both on a log bytes axis (FedCache's set-up round does not flatten the rest), byte-unit tick labels
+    for spec in (by_kind, per_round):
+        y = (spec.get("layer") or [spec])[0]["encoding"]["y"]
+        assert y["scale"]["type"] == "log" and "B'" in y["axis"]["labelExpr"]
+        assert y["axis"]["values"][0] <= frame(spec)["bytes"].min() and y["axis"]["values"][-1] >= frame(spec)["bytes"].max()
+    assert by_kind["encoding"]["y2"]["datum"] == by_kind["encoding"]["y"]["axis"]["values"][0]  # bars need a base > 0
+    # every selected run that sends bytes, overlaid; the same fixed colour per kind in both charts
+    assert set(frame(per_round)["run"]) == {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}
+    assert (frame(per_round)["bytes"] > 0).all()
+    assert scale(by_kind) == scale(per_round) and scale(by_kind)["up · logits"] == charts_mod.KIND_COLORS["logits"][0]
     at.sidebar.toggle(key="include_setup").set_value(False).run()
     assert "up · hashes" not in set(frame(charts(at)["Bytes by kind and direction"])["traffic"])
     assert "local/homo bbbbbb" in texts(at, "caption")  # listed as sending nothing
+
+
+def test_colour_per_method_whatever_the_selection(app, sample):
+    ids = sample.run_ids
+    at = app()
+    before = scale(charts(at)["Mean user accuracy vs round"])
+    assert before["fedcache/homo aaaaaa"] == before["fedcache/hetero cccccc"] == charts_mod.METHOD_COLORS["fedcache"]
+    assert before["local/homo bbbbbb"] == charts_mod.METHOD_COLORS["local"]
+    at.sidebar.multiselect(key="runs").set_value([ids["local"], ids["fedcache"]]).run()  # fewer, other order
+    ch = charts(at)
+    for title in ("Mean user accuracy vs round", "Mean user accuracy vs cumulative bytes (up + down)",
+                  "Per-client accuracy at each run's best round"):
+        after = scale(ch[title])
+        assert {k: before[k] for k in after} == after, title
 
 
 def test_partition_view(app, sample):
@@ -187,6 +304,27 @@ def test_damaged_index_names_the_file_and_the_fix(app, tmp_path):
     assert not at.exception, [e.value for e in at.exception]  # no traceback
     [error] = [e.value for e in at.error]
     assert f"`{path}` is damaged" in error and f"python -m pipeline.results rebuild --index {path}" in error
+
+
+def test_a_file_damaged_meanwhile_keeps_the_last_data_on_screen(app, sample, tmp_path):
+    """A results file that turns unreadable (mid-write, or broken) leaves the last data on screen with a
+    warning naming the file and the fix, instead of blanking every tab; once readable, it is read again."""
+    path = tmp_path / "results.duckdb"
+    shutil.copy(sample.results_db, path)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert len(at.dataframe[0].value) == 3
+    good = path.read_bytes()
+    path.write_bytes(b"not a database" * 1000)
+    at.run()
+    assert_clean(at)
+    warning = texts(at, "warning")
+    assert f"`{path}` is damaged" in warning and f"python -m pipeline.results rebuild --index {path}" in warning
+    assert "Showing the data read at" in warning
+    assert len(at.dataframe[0].value) == 3 and "Mean user accuracy vs round" in charts(at)  # still on screen
+    path.write_bytes(good)
+    at.run()
+    assert_clean(at)
+    assert "damaged" not in texts(at, "warning")
 
 
 def test_run_with_no_rounds(app, sample, tmp_path):

@@ -63,6 +63,7 @@ def test_snapshot_views(sample):
     curves = data.accuracy_curves(snap, include_setup=False)
     fc = curves[curves["run_id"] == ids[0]]
     assert fc["cum_bytes"].iloc[0] == 0 and fc["cum_bytes"].is_monotonic_increasing
+    assert fc["cum_s"].tolist() == pytest.approx([0.5 * (r + 1) for r in range(sample_data.ROUNDS + 1)])  # sum of wall_s
     best = data.best_round_clients(snap)
     assert best.groupby("run_id")["client_id"].count().tolist() == [sample_data.K] * 2
     by_kind = data.bytes_by_kind(snap)
@@ -75,7 +76,9 @@ def test_snapshot_views(sample):
     first = snap.runs.index[snap.runs["run_id"] == ids[0]][0]
     snap.runs.at[first, "params"] = {**snap.runs.at[first, "params"], "report": {"target_acc": {"mnist": 0.7}}}
     assert data.default_target(data.series(snap, ids), snap) == pytest.approx(0.7)  # the report's target
-    for chart in (charts.accuracy_vs_round(curves), charts.client_spread(best), charts.bytes_stacked(by_kind),
+    for chart in (charts.accuracy_vs_round(curves), charts.accuracy_vs_round(curves, x="time"),
+                  charts.client_spread(best), charts.bytes_by_kind(by_kind),
+                  charts.bytes_per_round(data.bytes_per_round(snap)),
                   charts.accuracy_vs_bytes(curves, table[["run", "maua"]].iloc[1:])):
         assert chart.to_dict()  # valid Vega-Lite
 
@@ -236,3 +239,109 @@ def test_runs_of_a_published_experiment_are_labelled_with_it(tmp_path):
     runs = data.load_runs(index).set_index("run_id")
     assert runs.at["fd-2", "label"] == "fd/homo sweep-R-4" and runs.at["fd-2", "changed"] == {"index.R": 4}
     assert runs.at["fd-1", "label"] == "fd/homo fd-1" and pd.isna(runs.at["fd-1", "experiment"])
+
+
+def _colours(chart, channel: str = "color") -> dict:
+    """value -> colour (or dash) of a chart's scale, from its Vega-Lite spec."""
+    spec = chart.to_dict()
+    enc = (spec.get("layer") or [spec])[0]["encoding"][channel]
+    return dict(zip(enc["scale"]["domain"], enc["scale"]["range"]))
+
+
+def test_colours_are_fixed_per_method_and_traffic_kind(sample):
+    """A method (and a traffic kind) gets the same colour whatever is selected and in whatever order."""
+    ids = sample.run_ids
+    one = data.load_snapshot(sample.results_db, [ids["fedcache"], ids["local"]])
+    other = data.load_snapshot(sample.results_db, [ids["local"], ids["fedcache_hetero"], ids["fedcache"]])
+    for snap in (one, other):
+        curves = data.accuracy_curves(snap)
+        for chart in (charts.accuracy_vs_round(curves), charts.accuracy_vs_bytes(curves, curves.iloc[:0]),
+                      charts.client_spread(data.best_round_clients(snap)),
+                      charts.client_accuracy(data.client_history(snap, 0), 0)):
+            assert _colours(chart)["fedcache/homo aaaaaa"] == charts.METHOD_COLORS["fedcache"]
+            assert _colours(chart)["local/homo bbbbbb"] == charts.METHOD_COLORS["local"]
+    both = charts.accuracy_vs_round(data.accuracy_curves(other))
+    assert _colours(both)["fedcache/hetero cccccc"] == charts.METHOD_COLORS["fedcache"]
+    dashes = _colours(both, "strokeDash")  # the second FedCache run: same colour, dashed
+    assert dashes["local/homo bbbbbb"] == dashes["fedcache/hetero cccccc"] == [1, 0] != dashes["fedcache/homo aaaaaa"]
+    # any other algorithm: a colour of its own, the same in every process (not Python's salted hash)
+    assert charts.method_color("newalgo") == charts.method_color("newalgo") in charts.OTHER_COLORS
+    script = "from dashboard.charts import method_color; print(method_color('newalgo'))"
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": "1"}).stdout.strip() == charts.method_color("newalgo")
+    # traffic kinds: fixed colours, the same in both Communication charts; up and down differ
+    by_kind = _colours(charts.bytes_by_kind(data.bytes_by_kind(one)))
+    per_round = _colours(charts.bytes_per_round(data.bytes_per_round(one)))
+    assert by_kind == per_round
+    assert by_kind["up · logits"] == charts.KIND_COLORS["logits"][0] != charts.kind_color("down · logits")
+    assert _colours(charts.bytes_by_kind(data.bytes_by_kind(other)))["up · hashes"] == by_kind["up · hashes"]
+
+
+@pytest.fixture
+def mixed(sample, tmp_path):
+    """(index path, ids) of sample_data.write_mixed_runs: one set-up's finished runs, a test run, a killed run."""
+    from pipeline.results import ResultsDB
+
+    path = tmp_path / "mixed.duckdb"
+    return path, sample_data.write_mixed_runs(ResultsDB(path), sample.root)
+
+
+def test_default_selection_is_the_latest_finished_run_of_the_common_setup(mixed):
+    path, ids = mixed
+    runs = data.load_runs(path)
+    # not the newer 4-round test run, nor the newest run (killed, still 'running')
+    assert data.default_selection(runs) == [ids["fedavg"], ids["fedcache"], ids["local"]]
+    assert data.setup_mismatch(runs, [ids["fedcache"], ids["fedavg"], ids["local"]]) is None
+    msg = data.setup_mismatch(runs, [ids["fedcache"], ids["test"]])
+    assert "**train.rounds** 4 (fedcache/homo ddddd1); 6 (fedcache/homo aaaaa1)" in msg
+    assert "dataset" not in msg and "num_clients" not in msg
+    # no finished run at all: the latest run that has written a round
+    assert data.default_selection(runs[runs["run_id"] == ids["killed"]]) == [ids["killed"]]
+
+
+def test_a_running_run_without_rounds_for_minutes_is_shown_as_stale(mixed, tmp_path):
+    path, ids = mixed
+    runs = data.load_runs(path).set_index("run_id")
+    assert runs.at[ids["killed"], "status"] == "running"  # the stored status is kept
+    assert runs.at[ids["killed"], "status_shown"] in ("stale (no round for 59 min)", "stale (no round for 60 min)")
+    assert runs.at[ids["fedcache"], "status_shown"] == "finished"
+    now = pd.Timestamp("2026-01-01 12:00")
+    frame = pd.DataFrame({"status": ["running", "running", "running"], "started_at": [now - pd.Timedelta("30min")] * 3,
+                          "wall_total": [60.0, 60.0, 1500.0], "wall_max": [10.0, 900.0, 60.0],
+                          "seen_s": [None, None, None]})
+    assert data.shown_status(frame, now) == ["stale (no round for 29 min)",
+                                             "running",  # rounds take 15 min: not stale before 45 min
+                                             "running"]  # the last round 5 min ago
+
+    # a per-run file written to recently (a resumed run: started long ago, few rounds' wall_s) is running
+    from pipeline.results import RunResultsDB
+    run = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
+    sample_data.write_run(run, "fedcache-r", "fedcache", "homo", {}, np.full(sample_data.K, 5), [0.1, 0.2], finish=False)
+    with run.connect() as con:
+        con.execute("UPDATE runs SET started_at = started_at - INTERVAL 2 HOUR")
+    assert data.load_runs(tmp_path / "results.duckdb").set_index("run_id").at["fedcache-r", "status_shown"] == "running"
+    for f in (run.path, run.path.with_name(run.path.name + ".wal")):  # its last write 20 min ago
+        if f.exists():
+            _age(f, 20 * 60)
+    assert data.load_runs(tmp_path / "results.duckdb").set_index("run_id").at[
+        "fedcache-r", "status_shown"] == "stale (no round for 20 min)"
+
+
+def test_comparison_baseline_and_display(mixed):
+    path, ids = mixed
+    picked = [ids["fedcache"], ids["fedavg"], ids["local"]]
+    snap = data.load_snapshot(path, picked)
+    assert data.default_baseline(["fedcache", "fedavg"]) == "fedavg" and data.default_baseline(["fd"]) == data.COSTLIEST
+    by = {b: data.comparison_frame(snap, picked, 0.6, baseline=b).set_index("run_id")
+          for b in ("fedavg", "fedcache", data.COSTLIEST)}
+    assert set(by["fedavg"]["speedup_vs"]) == {"fedavg"} and set(by["fedcache"]["speedup_vs"]) == {"fedcache"}
+    assert set(by[data.COSTLIEST]["speedup_vs"]) == {"fedavg"}  # the costliest run reaching 60 %
+    assert by["fedcache"].at[ids["fedcache"], "speedup"] == pytest.approx(1.0)
+    shown = data.display_table(by["fedavg"].reset_index()).set_index("run_id")
+    assert shown.at[ids["fedavg"], "speedup"] == "1.00x" and shown.at[ids["fedavg"], "speedup_vs"] == "fedavg at 60.0%"
+    assert shown.at[ids["local"], "speedup"] == "no bytes sent"
+    missed = data.display_table(data.comparison_frame(snap, picked, 0.99, baseline=data.COSTLIEST))  # none reaches it
+    assert (missed["bytes_to_target"] == "not reached").all() and (missed["speedup"] == "not reached").all()
+    assert (missed["speedup_vs"] == "no run reaches the target").all()
+    assert [data.fmt_bytes(n) for n in (0, 999, 1000, 12_345, 999_949, 999_950, 2.5e9, None)] == [
+        "0 B", "999 B", "1.0 KB", "12.3 KB", "999.9 KB", "1.0 MB", "2.5 GB", "—"]
