@@ -232,7 +232,7 @@ def main() -> None:
           "(not the dask workers)\n")
     gpu = args.device.startswith("cuda")
     print("| method | executor | threads | s / round (best) | speed-up | mean acc after last round | peak RSS GB |"
-          " cluster start s | dask: busiest worker s, overhead s, MB to / back (last round) |"
+          " cluster start s | dask: busiest worker s (all workers), overhead s, MB to / back (last round) |"
           + (" peak GPU GB | 1,000 rounds |" if gpu else ""))
     print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for method in args.methods:
@@ -241,7 +241,8 @@ def main() -> None:
         for r in runs:
             best = min(r["round_s"])
             d = r.get("dask")
-            dask_cell = (f"{d['busiest_worker_s']:.1f}, {d['overhead_s']:.1f}, {d['mb_to']:.0f} / {d['mb_back']:.0f}"
+            dask_cell = (f"{d['busiest_worker_s']:.1f} ({d['compute_s']:.1f}), {d['overhead_s']:.1f}, "
+                         f"{d['mb_to']:.0f} / {d['mb_back']:.0f}"
                          if d else "")
             cluster = f"{r['cluster_s']:.1f}" if r["executor"] in DASK_EXECUTORS else ""
             line = (f"| {method} | {r['executor']} | {r['threads']} | {best:.2f} | {base / best:.2f}x | {r['acc']:.4f} "
