@@ -177,3 +177,10 @@ def test_two_training_stages_and_two_publishers_at_once_lose_nothing(tmp_path, m
     # and the index is the same when rebuilt again from the files alone
     os.remove(main / paths.RESULTS_DB)
     assert rebuild_index(main / paths.RESULTS_DB).runs == 6
+
+
+def test_the_seeds_sweep_repeats_the_configuration_with_three_seeds(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    planned = sweeps.plan("seeds", ["train.algorithms=[fedcache,fd]"])
+    assert [(p.name, p.settings) for p in planned] == [
+        (f"seeds-seed-{s}", {"seed": s, "train.algorithms": ["fedcache", "fd"]}) for s in (0, 1, 2)]
