@@ -74,7 +74,20 @@ def baseline_picker(sb, algorithms: list[str]) -> str:
                         help="Speed-up = the baseline's bytes to the target over a run's (same setting; pipeline/compare.py)")
 
 
-def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, str]:
+def group_seeds_toggle(sb, picked: pd.DataFrame) -> bool:
+    """'Group seeds': on by default when 2+ of the chosen runs differ only in their seed; it follows that
+    default until the user flips it."""
+    default = data.has_seed_groups(picked)
+    if "group_seeds" not in st.session_state or \
+            st.session_state["group_seeds"] == st.session_state.get("_group_seeds_default"):
+        st.session_state["group_seeds"] = default
+    st.session_state["_group_seeds_default"] = default
+    return sb.toggle("Group seeds", key="group_seeds",
+                     help="Runs whose params differ only in `seed`: one line (mean) with a min-max band, and one "
+                          "table row (mean ± std)")
+
+
+def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, str, bool]:
     sb = st.sidebar
     sb.header("Runs")
     settings_opts = sorted(runs["setting"].dropna().unique())
@@ -94,6 +107,7 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
                               f"{'' if info.at[r, 'status'] == 'finished' else ' · ' + info.at[r, 'status_shown']}")
     sb.header("Display")
     baseline = baseline_picker(sb, sorted(set(info.loc[[r for r in chosen if r in info.index], "algorithm"])))
+    group_seeds = group_seeds_toggle(sb, runs[runs["run_id"].isin(chosen)])
     include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
                               help="Round 0's traffic (FedCache: the hash upload). Off: training traffic only.")
     auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh")
@@ -101,7 +115,7 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
                             key="refresh_s", disabled=not auto)
     sb.button("Refresh now")
     sb.caption(f"Results: `{cfg.results_db}` and what changed since in `{cfg.run_files_dir}` (read-only)")
-    return chosen, include_setup, (every if auto else 0.0), baseline
+    return chosen, include_setup, (every if auto else 0.0), baseline, group_seeds
 
 
 # ----------------------------------------------------------------------------- page
@@ -129,7 +143,8 @@ def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | Non
     return snap, None
 
 
-def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool, baseline: str) -> None:
+def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool, baseline: str,
+               group_seeds: bool = False) -> None:
     try:
         snap, stale = read_snapshot(cfg, ids)
     except data.ResultsDamaged as err:
@@ -157,7 +172,7 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     params = _stage_params(snap, ids)
     tabs = st.tabs(TABS)
     with tabs[0], guarded(TABS[0]):
-        view_overview(snap, ids, include_setup, baseline)
+        view_overview(snap, ids, include_setup, baseline, group_seeds)
     with tabs[1], guarded(TABS[1]):
         view_clients(snap, ids, stats)
     with tabs[2], guarded(TABS[2]):
@@ -206,11 +221,12 @@ def main() -> None:
                 "`.venv/bin/python -m flows.train fedcache`); they appear here as soon as their first round is written.")
         retry_soon(cfg.refresh_s)
         return
-    ids, include_setup, every, baseline = sidebar(cfg, runs)
+    ids, include_setup, every, baseline, group_seeds = sidebar(cfg, runs)
     if not ids:
         st.info("Pick at least one run in the sidebar.")
         return
-    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup, baseline)
+    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup, baseline,
+                                                       group_seeds)
 
 
 if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing

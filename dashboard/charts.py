@@ -113,6 +113,25 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
     ).properties(height=HEIGHT)
 
 
+def accuracy_band(grouped: pd.DataFrame, groups: dict[str, str] | None = None, x: str = "round") -> alt.LayerChart:
+    """Seed groups (dashboard.data.group_curves): the mean accuracy as a line, the min-max over the seeds
+    as a band, both in the method's colour; x='round' or x='time' (mean cumulative wall-clock s)."""
+    groups = _runs_of(grouped, groups)
+    if x == "time":
+        title, x_enc = "Mean user accuracy vs wall-clock time", alt.X("cum_s:Q", title="wall-clock time (s, cumulative, mean)")
+    else:
+        title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
+    base = alt.Chart(grouped).encode(x=x_enc)
+    band = base.mark_area(opacity=0.2).encode(y=alt.Y("acc_min:Q", title="mean user accuracy", scale=alt.Scale(
+        zero=False), axis=alt.Axis(format="%")), y2="acc_max:Q", color=run_color(groups, legend=False))
+    line = base.mark_line(point=True).encode(
+        y=ACC_Y, color=run_color(groups), strokeDash=run_dash(groups),
+        tooltip=[alt.Tooltip("run:N", title="group"), "round", alt.Tooltip("mean_acc:Q", format=".2%", title="mean"),
+                 alt.Tooltip("acc_min:Q", format=".2%", title="min"), alt.Tooltip("acc_max:Q", format=".2%", title="max"),
+                 alt.Tooltip("n:Q", title="seeds"), BYTES_TIP])
+    return alt.layer(band, line).properties(title=title, height=HEIGHT)
+
+
 def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
                       runs: dict[str, str] | None = None) -> alt.LayerChart | alt.Chart:
     """Log-x lines; runs that send nothing (cumulative 0 B) become dashed rules at their MAUA."""

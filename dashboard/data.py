@@ -205,7 +205,8 @@ def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None) 
 def default_selection(runs: pd.DataFrame) -> list[str]:
     """Per (algorithm, setting): the latest finished run among those of the most common set-up of the
     finished runs (SETUP_KEYS: dataset, clients, rounds), so a 4-round test run or a killed run is not
-    picked; without finished runs, the latest run that has written a round (else the latest run)."""
+    picked; without finished runs, the latest run that has written a round (else the latest run). Runs
+    differing from a picked one only in their seed (the latest of each seed) are picked with it."""
     if runs.empty:
         return []
     keys = list(SETUP_KEYS)
@@ -219,7 +220,10 @@ def default_selection(runs: pd.DataFrame) -> list[str]:
     else:
         ranked = runs.assign(_has=runs["n_rounds"].fillna(0) > 0).sort_values(["_has", "started_at", "run_id"])
     latest = ranked.groupby(["algorithm", "setting"], sort=False).tail(1)
-    return latest.sort_values(["setting", "algorithm"])["run_id"].tolist()
+    # with the other seeds of the same configuration (the latest run of each seed): a seed group
+    ranked = ranked.assign(_cfg=_seed_key(ranked), _seed=[_seed(p) for p in ranked["params"]])
+    picked = ranked[ranked["_cfg"].isin(set(ranked.loc[latest.index, "_cfg"]))].groupby(["_cfg", "_seed"]).tail(1)
+    return picked.sort_values(["setting", "algorithm", "started_at", "run_id"])["run_id"].tolist()
 
 
 def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
@@ -445,3 +449,96 @@ def bytes_per_round(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
     df["run"] = [snap.label(r) for r in df["run_id"]]
     df["traffic"] = df["direction"] + " · " + df["kind"]
     return df[["run", "run_id", "round", "direction", "kind", "traffic", "bytes"]].reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- seeds as groups
+
+def _seed_key(runs: pd.DataFrame) -> pd.Series:
+    """Per run: (algorithm, setting, params without the top-level seed) as one hashable key."""
+    return pd.Series([(a, st, json.dumps({k: v for k, v in (p or {}).items() if k != "seed"}, sort_keys=True, default=str))
+                      for a, st, p in zip(runs["algorithm"], runs["setting"], runs["params"])], index=runs.index, dtype=object)
+
+
+def _seed(params) -> str:
+    return str((params or {}).get("seed"))
+
+
+def seed_groups(runs: pd.DataFrame) -> pd.Series:
+    """A group label per run (same index): runs of one algorithm and setting whose params differ only
+    in the top-level `seed` form a group, labelled by its first run's label plus '(n seeds)' when
+    n > 1 ('(n runs)' when some share a seed: repeats)."""
+    if runs.empty:
+        return pd.Series([], index=runs.index, dtype=object)
+    key = _seed_key(runs)
+    first = runs["label"].groupby(key, sort=False).transform("first")
+    size = key.map(key.value_counts())
+    seeds = pd.Series([_seed(p) for p in runs["params"]], index=runs.index).groupby(key).transform("nunique")
+    return pd.Series([f if n == 1 else f"{f} ({n} seeds)" if k == n else f"{f} ({n} runs)"
+                      for f, n, k in zip(first, size, seeds)], index=runs.index, dtype=object)
+
+
+def has_seed_groups(runs: pd.DataFrame) -> bool:
+    """Whether 2+ of these runs differ only in their seed (the 'Group seeds' toggle's default)."""
+    if runs.empty:
+        return False
+    seeds = pd.Series([_seed(p) for p in runs["params"]], index=runs.index)
+    return bool((seeds.groupby(_seed_key(runs)).nunique() > 1).any())
+
+
+def _groups_of(snap: Snapshot, run_ids: list[str]) -> pd.Series:
+    """run_id -> group label for the given runs."""
+    known = set(snap.runs["run_id"])
+    picked = snap.runs.set_index("run_id").loc[[r for r in dict.fromkeys(run_ids) if r in known]].reset_index()
+    return pd.Series(seed_groups(picked).to_numpy(), index=picked["run_id"], dtype=object)
+
+
+def group_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:
+    """Group label -> algorithm, in order (the charts' colour per method)."""
+    algo = snap.runs.set_index("run_id")["algorithm"]
+    return {g: algo[r] for r, g in _groups_of(snap, run_ids).items() if r in algo.index}
+
+
+def group_curves(snap: Snapshot, curves: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """accuracy_curves averaged over each seed group and round: mean_acc (mean), acc_min/acc_max (the
+    band), cum_bytes and cum_s (means), n (runs with that round). The group label is in 'run'."""
+    cols = ["run", "algorithm", "round", "mean_acc", "acc_min", "acc_max", "cum_bytes", "cum_s", "n"]
+    if curves.empty:
+        return pd.DataFrame(columns=cols)
+    df = curves.assign(run=curves["run_id"].map(_groups_of(snap, run_ids)))
+    out = df.groupby(["run", "algorithm", "round"], sort=False).agg(
+        mean_acc=("mean_acc", "mean"), acc_min=("mean_acc", "min"), acc_max=("mean_acc", "max"),
+        cum_bytes=("cum_bytes", "mean"), cum_s=("cum_s", "mean"), n=("run_id", "size")).reset_index()
+    return out[cols]
+
+
+def group_table(snap: Snapshot, table: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """comparison_frame aggregated per seed group: n seeds, mean and std of MAUA, final accuracy,
+    bytes total and bytes to target (over the runs that reach it: n_reached), speed-up mean."""
+    df = table.assign(group=table["run_id"].map(_groups_of(snap, run_ids)))
+    out = df.groupby("group", sort=False).agg(
+        algorithm=("algorithm", "first"), setting=("setting", "first"), n=("run_id", "size"),
+        maua_mean=("maua", "mean"), maua_std=("maua", "std"), final_acc_mean=("final_acc", "mean"),
+        bytes_total_mean=("bytes_total", "mean"), bytes_to_target_mean=("bytes_to_target", "mean"),
+        bytes_to_target_std=("bytes_to_target", "std"), n_reached=("bytes_to_target", "count"),
+        speedup_mean=("speedup", "mean"), target_acc=("target_acc", "first"))
+    return out.reset_index()
+
+
+def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
+    """group_table for people: MAUA '81.2% ± 0.5% (3 seeds)', bytes to target '1.2 MB ± 0.1 MB (3 seeds)'
+    ('2 of 3 seeds' when some miss the target, 'not reached' when all do)."""
+    def pm(mean, std, fmt) -> str:
+        return fmt(mean) if pd.isna(std) else f"{fmt(mean)} ± {fmt(std)}"
+
+    def seeds(k: int, n: int) -> str:
+        return f"({n} seed{'s' if n > 1 else ''})" if k == n else f"({k} of {n} seeds)"
+
+    out = pd.DataFrame({"group": groups["group"], "algorithm": groups["algorithm"], "setting": groups["setting"]})
+    out["maua"] = [f"{pm(m, s, '{:.1%}'.format)} {seeds(n, n)}"
+                   for m, s, n in zip(groups["maua_mean"], groups["maua_std"], groups["n"])]
+    out["final_acc"] = groups["final_acc_mean"]
+    out["bytes_total"] = [fmt_bytes(v) for v in groups["bytes_total_mean"]]
+    out["bytes_to_target"] = [NOT_REACHED if k == 0 else f"{pm(m, s, fmt_bytes)} {seeds(k, n)}" for m, s, k, n in zip(
+        groups["bytes_to_target_mean"], groups["bytes_to_target_std"], groups["n_reached"], groups["n"])]
+    out["speedup"] = [NOT_REACHED if pd.isna(v) else f"{v:.2f}x" for v in groups["speedup_mean"]]
+    return out

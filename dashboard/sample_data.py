@@ -156,6 +156,20 @@ def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     return ids
 
 
+def write_seed_runs(db: ResultsDB, root: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[int, str]:
+    """FedCache runs of one configuration, one per seed (params differ only in `seed`; final accuracy
+    0.80, 0.81, ...), plus one local-only run. Returns seed -> run_id (the local run under -1)."""
+    sizes = np.full(K, PER_CLIENT)
+    ids = {}
+    for i, seed in enumerate(seeds):
+        ids[seed] = f"fedcache-20260301-00{i:02d}00-seed{seed:02d}"
+        write_run(db, ids[seed], "fedcache", "homo", {**params_for(root), "seed": seed}, sizes,
+                  curve(0.80 + 0.01 * i), seed=10 + i)
+    ids[-1] = "local-20260301-009900-ffffff"
+    write_run(db, ids[-1], "local", "homo", params_for(root), sizes, curve(0.65), seed=9)
+    return ids
+
+
 def build_once(root: Path) -> SampleInputs:
     """build(root) unless it was built there before (the test modules share one set; none may change it)."""
     return inputs(root) if (Path(root) / ".complete").exists() else build(root)

@@ -34,7 +34,8 @@ def guarded(view: str):
         st.error(f"{view}: could not be drawn ({type(err).__name__}: {err})")
 
 
-def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, baseline: str = "fedavg") -> None:
+def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, baseline: str = "fedavg",
+                  group_seeds: bool = False) -> None:
     series = data.series(snap, ids)
     if not series:
         st.info("The selected runs have no rounds yet: curves and the table appear after the first round is written.")
@@ -48,11 +49,19 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
                  format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)"}.get)
     left, right = st.columns(2)
     with left:
-        st.altair_chart(charts.accuracy_vs_round(curves, labels, x), width="stretch")
+        if group_seeds:  # one line per seed group (mean) with its min-max band
+            run_ids = [s.run_id for s in series]
+            grouped = data.group_curves(snap, curves, run_ids)
+            st.altair_chart(charts.accuracy_band(grouped, data.group_algorithms(snap, run_ids), x), width="stretch")
+        else:
+            st.altair_chart(charts.accuracy_vs_round(curves, labels, x), width="stretch")
     with right:
         st.altair_chart(charts.accuracy_vs_bytes(curves, zero, labels), width="stretch")
         if not zero.empty:
             st.caption("Horizontal rules: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
+    st.download_button("Curves (CSV)", curves[["run", "run_id", "algorithm", "round", "mean_acc", "cum_bytes"]]
+                       .to_csv(index=False), "curves.csv", "text/csv", key="curves_csv",
+                       help="Mean accuracy and cumulative bytes per round of the selected runs (one row per run and round)")
 
     st.subheader("Comparison")
     if "target" not in st.session_state:
@@ -60,6 +69,9 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
                              step=0.01, format="%.2f", key="target")
     table = data.comparison_frame(snap, ids, target, include_setup, baseline)
+    if group_seeds:
+        _group_table(snap, table, ids, target, include_setup)
+        return
     text = st.column_config.TextColumn
     st.dataframe(
         data.display_table(table, include_setup).drop(columns=["target_acc", "algorithm", "setting"]),
@@ -83,6 +95,21 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
                "a setting without a run of that method falls back to its costliest run reaching the target. "
                "The CSV has the raw numbers (bytes).")
     st.download_button("Download table (CSV)", table.to_csv(index=False), "comparison.csv", "text/csv")
+
+
+def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool) -> None:
+    """The comparison table with one row per seed group (per-run comparison aggregated: mean ± std)."""
+    groups = data.group_table(snap, table, ids)
+    text = st.column_config.TextColumn
+    st.dataframe(data.display_group_table(groups), hide_index=True, width="stretch", column_config={
+        "group": "runs (seed group)", "maua": text("MAUA", help="mean ± std over the seeds of the max mean user accuracy"),
+        "final_acc": st.column_config.NumberColumn("final acc (mean)", format="percent"),
+        "bytes_total": text("bytes total (mean)"),
+        "bytes_to_target": text(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
+        "speedup": text("speed-up (mean)", help="mean of the runs' speed-ups against the sidebar's baseline")})
+    st.caption(f"One row per seed group (runs whose params differ only in `seed`). Bytes to target "
+               f"{'include' if include_setup else 'exclude'} the one-time set-up traffic. The CSV has the raw numbers.")
+    st.download_button("Download table (CSV)", groups.to_csv(index=False), "comparison_seeds.csv", "text/csv")
 
 
 def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> None:

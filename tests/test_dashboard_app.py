@@ -3,6 +3,7 @@ results DB, partition and knowledge cache built by dashboard.sample_data in a tm
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -417,3 +418,53 @@ def test_concurrent_writer(app, sample, tmp_path):
     table = at.dataframe[0].value.set_index("run_id")
     assert table.at[run_id, "rounds"] == last and table.at[run_id, "status"] == "finished"
     assert seen == sorted(seen) and len(set(seen)) >= 2, seen  # rounds appeared while the writer ran
+
+
+@pytest.fixture
+def downloads(monkeypatch):
+    """filename -> bytes of every file the app hands to a download button (AppTest's media storage)."""
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    files: dict[str, bytes] = {}
+    original = MemoryMediaFileStorage.load_and_get_id
+
+    def record(self, path_or_data, mimetype, kind, filename=None):
+        files[filename] = path_or_data
+        return original(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", record)
+    return files
+
+
+def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tmp_path, downloads):
+    path = tmp_path / "seeds.duckdb"
+    ids = sample_data.write_seed_runs(ResultsDB(path), sample.root)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert_clean(at)
+    assert at.sidebar.toggle(key="group_seeds").value  # 3 runs differ only in their seed: on by default
+    table = at.dataframe[0].value
+    assert len(table) == 2  # the seed group and the local run
+    fed = table.set_index("group").loc["fedcache/homo seed00 (3 seeds)"]
+    assert fed["maua"].endswith("(3 seeds)") and " ± " in fed["maua"]
+    assert fed["bytes_to_target"].endswith("(3 seeds)")
+    spec = charts(at)["Mean user accuracy vs round"]
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["area", "line"]
+    band = frame(spec)
+    assert set(band["run"]) == {"fedcache/homo seed00 (3 seeds)", "local/homo ffffff"}
+    assert (band.query("run != 'local/homo ffffff'")["n"] == 3).all()
+
+    # the curves of every selected run, one row per run and round
+    assert "Curves (CSV)" in [b.label for b in at.get("download_button")]
+    curves = pd.read_csv(io.BytesIO(downloads["curves.csv"]))
+    assert list(curves.columns) == ["run", "run_id", "algorithm", "round", "mean_acc", "cum_bytes"]
+    assert set(curves["run_id"]) == set(ids.values()) and len(curves) == 4 * (sample_data.ROUNDS + 1)
+    first = curves[curves["run_id"] == ids[0]]
+    assert first["mean_acc"].tolist() == pytest.approx(sample_data.curve(0.80))
+    assert first["cum_bytes"].is_monotonic_increasing and first["algorithm"].eq("fedcache").all()
+
+    at.sidebar.toggle(key="group_seeds").set_value(False).run()  # one row and one line per run again
+    assert_clean(at)
+    assert len(at.dataframe[0].value) == 4 and "(3 seeds)" not in at.dataframe[0].value.to_string()
+    assert charts(at)["Mean user accuracy vs round"]["mark"]["type"] == "line"
+    at.sidebar.multiselect(key="runs").set_value([ids[0], ids[-1]]).run()  # the user's choice sticks
+    assert not at.sidebar.toggle(key="group_seeds").value

@@ -345,3 +345,57 @@ def test_comparison_baseline_and_display(mixed):
     assert (missed["speedup_vs"] == "no run reaches the target").all()
     assert [data.fmt_bytes(n) for n in (0, 999, 1000, 12_345, 999_949, 999_950, 2.5e9, None)] == [
         "0 B", "999 B", "1.0 KB", "12.3 KB", "999.9 KB", "1.0 MB", "2.5 GB", "—"]
+
+
+def test_seed_groups_join_runs_that_differ_only_in_seed():
+    base = {"seed": 0, "train": {"rounds": 6, "seed": 5}, "fedcache": {"beta": 1.5}}
+    runs = pd.DataFrame({
+        "label": ["a", "b", "c", "d", "e", "f"],
+        "algorithm": ["fedcache", "fedcache", "fedcache", "fedavg", "fedcache", "fedcache"],
+        "setting": ["homo", "homo", "homo", "homo", "hetero", "homo"],
+        "params": [base, {**base, "seed": 1}, {**base, "seed": 2},  # one group of 3 seeds
+                   {**base, "seed": 1},  # another algorithm
+                   {**base, "seed": 1},  # another setting
+                   {**base, "seed": 3, "train": {"rounds": 6, "seed": 6}}],  # a nested seed is config
+    }, index=[10, 11, 12, 13, 14, 15])
+    groups = data.seed_groups(runs)
+    assert groups.index.tolist() == runs.index.tolist()
+    assert groups.tolist() == ["a (3 seeds)"] * 3 + ["d", "e", "f"]
+    assert data.has_seed_groups(runs) and not data.has_seed_groups(runs.iloc[3:])
+    repeat = runs.iloc[[0, 0]].assign(label=["a", "a2"])  # the same seed twice: repeats, not seeds
+    assert data.seed_groups(repeat).tolist() == ["a (2 runs)"] * 2 and not data.has_seed_groups(repeat)
+    assert data.seed_groups(runs.iloc[:0]).empty and not data.has_seed_groups(runs.iloc[:0])
+
+
+def test_seed_group_curves_and_table(tmp_path):
+    from pipeline.results import ResultsDB
+
+    path = tmp_path / "seeds.duckdb"
+    ids = sample_data.write_seed_runs(ResultsDB(path), tmp_path)
+    picked = list(ids.values())
+    fed = [ids[s] for s in (0, 1, 2)]
+    assert data.default_selection(data.load_runs(path)) == [*fed, ids[-1]]  # every seed of the latest configuration
+    snap = data.load_snapshot(path, picked)
+    group = "fedcache/homo seed00 (3 seeds)"
+    assert data.group_algorithms(snap, picked) == {group: "fedcache", "local/homo ffffff": "local"}
+    curves = data.accuracy_curves(snap)
+    grouped = data.group_curves(snap, curves, picked)
+    last = grouped[(grouped["run"] == group) & (grouped["round"] == sample_data.ROUNDS)].iloc[0]
+    finals = curves[curves["run_id"].isin(fed) & (curves["round"] == sample_data.ROUNDS)]["mean_acc"]
+    assert last["n"] == 3 and last["mean_acc"] == pytest.approx(finals.mean())
+    assert (last["acc_min"], last["acc_max"]) == pytest.approx((finals.min(), finals.max()))
+
+    table = data.comparison_frame(snap, picked, 0.7, baseline="fedcache")
+    groups = data.group_table(snap, table, picked).set_index("group")
+    assert groups.at[group, "n"] == 3 and groups.at[group, "n_reached"] == 3
+    assert groups.at[group, "maua_mean"] == pytest.approx(table.set_index("run_id").loc[fed, "maua"].mean())
+    assert groups.at[group, "maua_std"] == pytest.approx(table.set_index("run_id").loc[fed, "maua"].std())
+    shown = data.display_group_table(groups.reset_index()).set_index("group")
+    assert shown.at[group, "maua"].endswith("(3 seeds)") and " ± " in shown.at[group, "maua"]
+    assert shown.at[group, "bytes_to_target"].endswith("(3 seeds)")
+    assert shown.at["local/homo ffffff", "maua"].endswith("(1 seed)")
+    assert shown.at["local/homo ffffff", "bytes_to_target"] == "not reached"
+    band = charts.accuracy_band(grouped, data.group_algorithms(snap, picked)).to_dict()
+    assert [layer["mark"]["type"] for layer in band["layer"]] == ["area", "line"]
+    assert band["layer"][0]["encoding"]["color"]["scale"]["range"] == [charts.method_color("fedcache"),
+                                                                     charts.method_color("local")]
