@@ -13,7 +13,7 @@ below), runs the partition stage's CLI there, then trains each variant in-proces
 Trainer (results in that folder's results/results.duckdb) and prints one table: MAUA (best mean
 accuracy over rounds), final mean accuracy and total bytes, mean +- std over the seeds given.
 Variants: local-only training (the no-exchange reference, first so a partial log can be read);
-full pDFL; attention off (uniform neighbour weights); internal KD off; external KD off (no
+full pDFL in the paper's order (head_then_body; params.yaml's default is body_then_head); attention off (uniform neighbour weights); internal KD off; external KD off (no
 feedback copies trained or sent); order swapped (body_then_head).
 """
 
@@ -26,14 +26,15 @@ from pathlib import Path
 
 from workspace import ROOT, fresh_trainer, load_workspace, prepare_workspace
 
+PAPER = {"order": "head_then_body"}  # every variant but the swapped one in the paper's order, as measured
 VARIANTS = {
     "local only (reference)": None,
-    "full pDFL": {},
-    "attention off (uniform)": {"attention": False},
-    "internal KD off": {"internal_kd": False},
-    "external KD off": {"external_kd": False},
+    "full pDFL": PAPER,
+    "attention off (uniform)": {**PAPER, "attention": False},
+    "internal KD off": {**PAPER, "internal_kd": False},
+    "external KD off": {**PAPER, "external_kd": False},
     "order swapped (body_then_head)": {"order": "body_then_head"},
-    "feedback teacher calibrated": {"external_calibrate": True},
+    "feedback teacher calibrated": {**PAPER, "external_calibrate": True},
 }
 
 

@@ -201,8 +201,8 @@ def test_paper_preset_is_a_valid_params_override():
     from conftest import REPO_ROOT
 
     flat = check("pdfl_paper", REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
-    assert flat == {"partition.num_clients": 100, "pdfl.edge_prob": 0.2, "pdfl.min_degree": 10,
-                    "pdfl.topology": "redraw"}
+    assert flat == {"partition.num_clients": 100, "pdfl.order": "head_then_body", "pdfl.edge_prob": 0.2,
+                    "pdfl.min_degree": 10, "pdfl.topology": "redraw"}
 
 
 # -- real runs on the tiny workspace --------------------------------------------------------
@@ -296,8 +296,8 @@ def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
 
 
 @pytest.mark.parametrize("switch", [
-    {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "body_then_head"},
-    {"internal_kd": False, "external_kd": False, "order": "body_then_head"},
+    {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "head_then_body"},
+    {"internal_kd": False, "external_kd": False, "order": "head_then_body"},
 ])
 def test_switches_run(tiny_workspace, mnist, switch):
     _, params, part = tiny_workspace

@@ -35,7 +35,8 @@ so the order of clients does not matter):
      t_ext(x) = the mean over the feedback copies F that i received of softmax(F(x)/T) on its own
      samples (calibrated as in 3 only with `external_calibrate`, off by default: the paper
      calibrates the internal teacher): the neighbours' domain expertise, fed back, aligns i's shared representation. No
-     feedback yet (round 1) or `external_kd: false` -> CE only. `order: body_then_head` swaps 3/4;
+     feedback yet (round 1) or `external_kd: false` -> CE only. Steps 3/4 are the paper's order
+     (`order: head_then_body`); the default `body_then_head` runs 4 before 3 (README "pDFL": measured better);
   5. external KD, outbound (after i's own training): i takes the copies M_j of its
      `external_peers` highest-weighted neighbours and trains each for `external_steps` SGD steps
      (train.lr / momentum / weight_decay, batch train.batch_size, seeded order, train mode) on
