@@ -53,23 +53,42 @@ class FedAvgClient(LocalUpdate):
         return Upload([Payload("params", state_copy(client.model))], {"weight": float(client.num_train)})
 
 
-class FedAvg(Method):
-    name = "fedavg"
-    homogeneous_only = True
-    client_cls = FedAvgClient
+class ParameterAveraging(Method):
+    """The server half of the parameter-averaging methods (FedAvg, MTFL, pFedMe): one global state
+    sent to every selected client, replaced by the sample-weighted mean of what they upload."""
 
-    def __init__(self, ctx: Context):
+    homogeneous_only = True
+
+    def __init__(self, ctx: Context, global_state: dict[str, torch.Tensor]):
         super().__init__(ctx)
-        self.eval_model = ctx.params.fedavg.eval_model
-        self.global_state = state_copy(ctx.clients[0].model)  # the global model starts as client 0's initial weights
-        self.global_model = None  # built lazily for the `global` reading
+        self.global_state = global_state
 
     def configure(self, round_, selected):
         return {k: [Payload("params", dict(self.global_state))] for k in selected}
 
-    def aggregate(self, round_, uploads):
+    def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
         ups = list(uploads.values())
-        self.global_state = weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
+        return weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
+
+    def aggregate(self, round_, uploads):
+        self.global_state = self.mean_upload(uploads)
+
+    def state_dict(self) -> dict:
+        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.global_state = {n: t.clone() for n, t in state["global"].items()}
+
+
+class FedAvg(ParameterAveraging):
+    name = "fedavg"
+    client_cls = FedAvgClient
+
+    def __init__(self, ctx: Context):
+        # the global model starts as client 0's initial weights
+        super().__init__(ctx, state_copy(ctx.clients[0].model))
+        self.eval_model = ctx.params.fedavg.eval_model
+        self.global_model = None  # built lazily for the `global` reading
 
     def evaluate(self, round_: int):
         personalized = super().evaluate(round_)[0]
@@ -86,9 +105,3 @@ class FedAvg(Method):
             self.global_model = copy.deepcopy(self.ctx.clients[0].model)
         self.global_model.load_state_dict(self.global_state)
         return self.global_model
-
-    def state_dict(self) -> dict:
-        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.global_state = {n: t.clone() for n, t in state["global"].items()}

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.algorithms.base import LocalUpdate, Method, Upload
-from pipeline.algorithms.fedavg import weighted_average
+from pipeline.algorithms.base import LocalUpdate, Upload
+from pipeline.algorithms.fedavg import ParameterAveraging
 from pipeline.clients import Context
 from pipeline.comm import Payload
 from pipeline.losses import ce_rows
@@ -48,28 +48,14 @@ class MTFLClient(LocalUpdate):
         return Upload([Payload("params", shared)], {"weight": float(client.num_train)})
 
 
-class MTFL(Method):
+class MTFL(ParameterAveraging):
     name = "mtfl"
-    homogeneous_only = True
     client_cls = MTFLClient
 
     def __init__(self, ctx: Context):
-        super().__init__(ctx)
         model = ctx.clients[0].model
-        self.private = private_names(model)
-        if not self.private:
+        private = private_names(model)
+        if not private:
             raise ValueError(f"mtfl keeps the BatchNorm layers private, but {type(model).__name__} has none")
-        self.global_state = shared_state(model, self.private)  # starts as client 0's initial shared weights
-
-    def configure(self, round_, selected):
-        return {k: [Payload("params", dict(self.global_state))] for k in selected}
-
-    def aggregate(self, round_, uploads):
-        ups = list(uploads.values())
-        self.global_state = weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
-
-    def state_dict(self) -> dict:
-        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.global_state = {n: t.clone() for n, t in state["global"].items()}
+        super().__init__(ctx, shared_state(model, private))  # starts as client 0's initial shared weights
+        self.private = private

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.algorithms.base import LocalUpdate, Method, Upload
-from pipeline.algorithms.fedavg import state_copy, weighted_average
+from pipeline.algorithms.base import LocalUpdate, Upload
+from pipeline.algorithms.fedavg import ParameterAveraging, state_copy
 from pipeline.clients import Context
 from pipeline.comm import Payload
 from pipeline.losses import ce_rows
@@ -67,34 +67,22 @@ class PFedMeClient(LocalUpdate):
         return Upload([Payload("params", state)], {"weight": float(client.num_train)})
 
 
-class PFedMe(Method):
+class PFedMe(ParameterAveraging):
     name = "pfedme"
-    homogeneous_only = True
     client_cls = PFedMeClient
 
     def __init__(self, ctx: Context):
-        super().__init__(ctx)
+        super().__init__(ctx, state_copy(ctx.clients[0].model))
         self.beta = ctx.params.pfedme.beta
-        self.global_state = state_copy(ctx.clients[0].model)
 
     @classmethod
     def vectorized_unsupported(cls, params):
         return "pfedme moves each client's local copy w toward its own personal model after every step"
 
-    def configure(self, round_, selected):
-        return {k: [Payload("params", dict(self.global_state))] for k in selected}
-
     def aggregate(self, round_, uploads):
-        ups = list(uploads.values())
-        mean = weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
+        mean = self.mean_upload(uploads)
         if self.beta == 1.0:
             self.global_state = mean
         else:  # integer buffers (BatchNorm's counter) are taken from the mean
             self.global_state = {n: ((1 - self.beta) * self.global_state[n] + self.beta * t).to(t.dtype)
                                  if t.is_floating_point() else t for n, t in mean.items()}
-
-    def state_dict(self) -> dict:
-        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.global_state = {n: t.clone() for n, t in state["global"].items()}
