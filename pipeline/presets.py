@@ -111,10 +111,15 @@ def flags(flat: dict[str, object]) -> list[str]:
     return [f"{key}={flag_value(value)}" for key, value in flat.items()]
 
 
+def dvc_program() -> str:
+    """This interpreter's dvc (the venv's) when it has one, else the one on PATH."""
+    local = Path(sys.executable).parent / "dvc"
+    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
+
+
 def dvc_command(name: str, extra: list[str], queue: bool = False, params_file: Path = Path("params.yaml"),
                 presets_dir: Path = PRESETS_DIR) -> list[str]:
-    dvc = Path(sys.executable).parent / "dvc"
-    cmd = [str(dvc) if dvc.exists() else (shutil.which("dvc") or "dvc"), "exp", "run"]
+    cmd = [dvc_program(), "exp", "run"]
     if queue:
         cmd.append("--queue")
     for flag in flags(check(name, params_file, presets_dir)) + extra:

@@ -33,7 +33,7 @@ import yaml
 from pipeline import paths
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.experiments import EXPERIMENTS, flatten
-from pipeline.presets import apply, first_comment, flag_value, flags
+from pipeline.presets import apply, dvc_program, first_comment, flag_value, flags
 
 SWEEPS_DIR = Path("sweeps")
 
@@ -103,11 +103,6 @@ def overrides_of(section: object, path: Path) -> dict[str, object]:
     return flatten(section)
 
 
-def dvc() -> str:
-    local = Path(sys.executable).parent / "dvc"
-    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
-
-
 def dvc_env() -> dict[str, str]:
     """This environment with the interpreter's bin/ first on PATH: DVC's queue starts its workers
     as `dvc ...` by name, which a plain shell (venv not active) would not find."""
@@ -115,7 +110,7 @@ def dvc_env() -> dict[str, str]:
 
 
 def queue_command(exp: Planned) -> list[str]:
-    cmd = [dvc(), "exp", "run", "--queue", "--force", "-n", exp.name]
+    cmd = [dvc_program(), "exp", "run", "--queue", "--force", "-n", exp.name]
     for flag in flags(exp.settings):
         cmd += ["-S", flag]
     return cmd
@@ -159,7 +154,7 @@ def run(name: str, extra: list[str], jobs: int) -> int:
         if subprocess.call(cmd, env=dvc_env()) != 0:
             print(f"error: could not queue experiment {exp.name}", file=sys.stderr)
             return 1
-    cmd = [dvc(), "exp", "run", "--run-all", "--jobs", str(jobs)]
+    cmd = [dvc_program(), "exp", "run", "--run-all", "--jobs", str(jobs)]
     print(shlex.join(cmd), flush=True)
     code = subprocess.call(cmd, env=dvc_env())
     print(rebuild_index(paths.RESULTS_DB, report_csv=paths.REPORT_DIR / "comparison.csv").message)
