@@ -246,6 +246,27 @@ class PFedMeParams(_Section):
     beta: float = Field(1.0, gt=0, le=2, allow_inf_nan=False)
 
 
+class _ServerModelParams(_Section):
+    """The server-model knobs FedDKC and FedICT share (pipeline/algorithms/gkt.py)."""
+
+    server_model: Literal["a4s", "a3"] = "a4s"
+    server_epochs: int = Field(1, ge=1)
+    server_batch_size: int | None = Field(None, ge=1)
+
+
+class FedDKCParams(_ServerModelParams):
+    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
+    T: float = Field(0.12, gt=0, le=1, allow_inf_nan=False)
+    temperature: float = Field(3.0, gt=0, allow_inf_nan=False)
+
+
+class FedICTParams(_ServerModelParams):
+    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
+    lambda_: float = Field(1.5, ge=0, allow_inf_nan=False, alias="lambda")
+    mu: float = Field(1.5, ge=0, allow_inf_nan=False)
+    T: float = Field(3.0, gt=0, allow_inf_nan=False)
+
+
 class ReportParams(_Section):
     baseline: AlgorithmName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
@@ -277,6 +298,8 @@ class Params(_Section):
     local: LocalParams = LocalParams()
     mtfl: MTFLParams = MTFLParams()
     pfedme: PFedMeParams = PFedMeParams()
+    feddkc: FedDKCParams = FedDKCParams()
+    fedict: FedICTParams = FedICTParams()
     report: ReportParams = ReportParams()
 
     @model_validator(mode="after")

@@ -34,3 +34,29 @@ def test_hetero_cycle_is_a1_a2_a3():
 def test_unknown_model_is_an_error():
     with pytest.raises(ValueError, match="resnet8"):
         build_model("resnet50", 3, 10)
+
+
+def test_server_model_a4s_is_resnet56_without_stem():
+    """A4^S reads the clients' 16-channel stem features. The paper gives 588.2 K parameters; FedGKT's
+    stem-less bottleneck ResNet-56, the server model of the code FedDKC and FedICT build on, has
+    590,858 (577.0 Ki): the closest of the ResNet-56 variants (README "FedDKC and FedICT")."""
+    from models.server import build_server_model
+
+    server = build_server_model(10)
+    assert count_parameters(server) == 590_858
+    assert abs(count_parameters(server) / 1000 - 588.2) / 588.2 < 0.005
+    client = build_model("resnet8", 1, 10)
+    feats = client.stem(torch.randn(2, 1, 28, 28))
+    assert feats.shape == (2, 16, 28, 28) and server(feats).shape == (2, 10)
+    assert not any(isinstance(m, torch.nn.Conv2d) and m.in_channels == 1 for m in server.modules())
+
+
+def test_server_model_a3_is_resnet20_without_stem():
+    from models.server import build_server_model
+
+    server = build_server_model(10, "a3")
+    stem = count_parameters(build_model("resnet20", 3, 10).stem)
+    assert count_parameters(server) == count_parameters(build_model("resnet20", 3, 10)) - stem
+    assert server(torch.randn(2, 16, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="a4s, a3"):
+        build_server_model(10, "resnet56")

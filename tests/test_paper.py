@@ -7,8 +7,6 @@ from pipeline import paper, presets
 from pipeline.algorithms import REGISTRY
 from pipeline.errors import InputFileError
 
-NOT_YET = {"feddkc", "fedict"}  # the paper's methods this project does not have yet (issue 12)
-
 
 def test_every_row_loads_and_names_a_preset_that_runs_its_setting():
     rows = paper.load()
@@ -20,8 +18,7 @@ def test_every_row_loads_and_names_a_preset_that_runs_its_setting():
         flat = presets.check(r.preset, REPO_ROOT / "params.yaml", REPO_ROOT / "presets")  # exists and is valid
         assert flat["partition.num_clients"] == 300 and flat["data.dataset"] == r.dataset, r
         runs = flat["train.algorithms"] if r.setting == "homo" else flat["train.hetero_algorithms"]
-        assert r.method in runs or (r.method in NOT_YET and r.method not in REGISTRY), \
-            f"{r.preset} does not run {r.method} ({r.setting}) though the method exists"
+        assert r.method in REGISTRY and r.method in runs, f"{r.preset} does not run {r.method} ({r.setting})"
         assert flat["train.model"] == "resnet20"  # A3 (homogeneous); hetero runs use A1/A2/A3 by index
 
 

@@ -1,0 +1,124 @@
+"""FedDKC and FedICT: features up, a server model A4^S trained on them, its logits down."""
+
+import duckdb
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import with_section
+from pipeline import paths
+from pipeline.algorithms import REGISTRY
+from pipeline.algorithms.feddkc import kkr
+from pipeline.algorithms.fedict import FedICTClient
+from pipeline.algorithms.gkt import label_distribution
+from pipeline.algorithms.base import Step
+from pipeline.engine import Trainer
+from pipeline.errors import ConfigError
+from pipeline.results import RunResultsDB
+
+
+def _trainer(name, params, part, mnist, hetero=False):
+    return Trainer(params, REGISTRY[name], part, mnist, paths.run_dir(name), paths.checkpoint_path(name),
+                   RunResultsDB(paths.run_results(name)), [paths.PARTITION], hetero=hetero)
+
+
+def _comm_and_accs(name, run_id):
+    with duckdb.connect(str(paths.run_results(name)), read_only=True) as con:
+        rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ?",
+                           [run_id]).fetchall()
+        accs = [a for (a,) in con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round",
+                                          [run_id]).fetchall()]
+    return rows, accs
+
+
+def test_kkr_sets_every_peak_to_t_and_keeps_the_ranking():
+    probs = F.softmax(torch.randn(64, 10) * 3, dim=1)
+    refined = kkr(probs, 0.12)
+    torch.testing.assert_close(refined.sum(1), torch.ones(64))
+    torch.testing.assert_close(refined.max(1).values, torch.full((64,), 0.12))
+    assert torch.equal(refined.argmax(1), probs.argmax(1))
+    assert (refined >= 0).all()
+    # a direct case of the formula: q = ((C T - 1) p + m - T) / (C m - 1)
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    expected = ((3 * 0.6 - 1) * p + 0.5 - 0.6) / (3 * 0.5 - 1)
+    torch.testing.assert_close(kkr(p, 0.6), expected)
+    # uniform knowledge (no largest entry to map) and a map that would go negative both fall back
+    assert torch.allclose(kkr(torch.full((1, 4), 0.25), 0.4), torch.tensor([[0.4, 0.2, 0.2, 0.2]]))
+    sharpened = kkr(torch.tensor([[0.4, 0.35, 0.25]]), 0.9)  # the map gives 0.25 -> -0.375
+    assert torch.allclose(sharpened, torch.tensor([[0.9, 0.05, 0.05]]))
+
+
+@pytest.mark.parametrize("name", ["feddkc", "fedict"])
+def test_method_learns_and_counts_features_up_and_logits_down(name, learning_workspace, mnist):
+    _, params, part = learning_workspace
+    trainer = _trainer(name, params, part, mnist)
+    summary = trainer.run()
+    rows, accs = _comm_and_accs(name, summary["run_id"])
+    C, (H, W) = part.num_classes, mnist.train_x.shape[1:3]
+    n = {c.id: c.num_train for c in trainer.ctx.clients}
+    up = {k: n[k] * (16 * H * W * 4 + C * 4 + 8) for k in n}  # features, logits (float32), labels (int64)
+    down = {k: n[k] * C * 4 for k in n}  # the server's logits, from round 2 on
+    expected = [(r, k, "up", "features", up[k]) for r in (1, 2, 3) for k in n]
+    expected += [(r, k, "down", "server_logits", down[k]) for r in (2, 3) for k in n]
+    assert sorted(rows) == sorted(expected)
+    assert summary["bytes_total"] == 3 * sum(up.values()) + 2 * sum(down.values())
+    # learns: well above chance (10 classes) and its untrained start
+    assert summary["maua"] > max(0.3, accs[0] + 0.15), accs
+    # the knowledge sent back is A4^S's logits for each client's own samples
+    assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
+
+
+def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    params = with_section(params, "train", rounds=2)
+    trainer = _trainer("feddkc", params, part, mnist, hetero=True)
+    summary = trainer.run()
+    assert {type(c.model.stages).__name__ for c in trainer.ctx.clients} == {"Sequential"}
+    assert len({sum(p.numel() for p in c.model.parameters()) for c in trainer.ctx.clients}) == 3  # A1, A2, A3
+    assert summary["bytes_total"] > 0 and len(trainer.algorithm.knowledge) == len(trainer.ctx.clients)
+
+
+def test_fedict_client_term_weights_each_class_by_the_local_prior(tiny_workspace, mnist):
+    """FPKD per row: T^2 sum_c (1 + mu d_c) q_c log(q_c / p_c); 0 for a sample with no teacher."""
+    _, params, part = tiny_workspace
+    trainer = _trainer("fedict", params, part, mnist)
+    client = trainer.ctx.clients[0]
+    local = FedICTClient(params, part.num_classes)
+    targets = local.begin(client, [], 1)
+    assert torch.isnan(targets["teacher"]).all()  # first round: no server knowledge yet
+    teacher, student = torch.randn(4, 10), torch.randn(4, 10)
+    teacher[3] = float("nan")
+    prior = label_distribution(client.y_train, 10)
+    step = Step(x=None, y=None, ids=None, t={"teacher": teacher, "prior": prior.expand(4, -1)},
+                exchange=None, record=None)
+    T, mu = params.fedict.T, params.fedict.mu
+    q, log_p = F.softmax(teacher[:3] / T, 1), F.log_softmax(student[:3] / T, 1)
+    expected = T * T * ((1 + mu * prior) * q * (q.log() - log_p)).sum(1)
+    got = local.client_kd_rows(student, step)
+    torch.testing.assert_close(got[:3], expected)
+    assert got[3] == 0
+
+
+def test_fedict_server_weights_typical_clients_more(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).ctx)
+    uploads = {0: {"labels": torch.tensor([0, 0, 1, 1])}, 1: {"labels": torch.tensor([0, 0, 0, 0])},
+               2: {"labels": torch.tensor([0, 1, 1, 1])}}
+    method.begin_aggregate(uploads)
+    d = label_distribution(torch.tensor([0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1]), method.ctx.num_classes)
+    for k, up in uploads.items():
+        assert method.similarity[k] == pytest.approx(float(F.cosine_similarity(
+            label_distribution(up["labels"], method.ctx.num_classes), d, dim=0)))
+    out, logits = torch.randn(2, 10), torch.randn(2, 10)
+    rows = method.server_kd_rows(out, logits, torch.tensor([0, 1]))
+    from pipeline.losses import kd_rows
+
+    base = kd_rows(out, logits, params.fedict.T)
+    torch.testing.assert_close(rows, params.fedict.lambda_ * (1 + method.similarity[[0, 1]]) * base)
+
+
+def test_feddkc_refuses_a_peak_below_uniform(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    params = with_section(params, "feddkc", T=0.1)
+    with pytest.raises(ConfigError, match=r"feddkc.T = 0.1.*1/C"):
+        _trainer("feddkc", params, part, mnist)
