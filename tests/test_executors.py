@@ -39,7 +39,7 @@ def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
 
 
 CASES = [("fd", False), ("fedavg", False), ("fedproto", False), ("local", False), ("fedcache", False),
-         ("pdfl", False), ("fedalt", False), ("fd", True), ("fedcache", True)]
+         ("pdfl", False), ("fedalt", False), ("fedict", False), ("fd", True), ("fedcache", True), ("feddkc", True)]
 
 
 @pytest.mark.parametrize("algorithm,hetero", CASES, ids=[f"{a}-{'hetero' if h else 'homo'}" for a, h in CASES])
@@ -48,6 +48,8 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, algorithm,
     params = with_section(params, "fedcache", consistency="round")
     if algorithm == "pdfl":  # 3 clients: the complete graph (params.yaml's min_degree is for K=30)
         params = with_section(params, "pdfl", edge_prob=1.0, min_degree=2)
+    if algorithm in ("feddkc", "fedict"):  # the server half is the same code under both executors: the small server model
+        params = with_section(params, algorithm, server_model="a3")
     seq = _trainer(params, part, mnist, algorithm, "sequential", hetero)
     vec = _trainer(params, part, mnist, algorithm, "vectorized", hetero)
     assert isinstance(seq.executor, SequentialExecutor) and isinstance(vec.executor, VectorizedExecutor)

@@ -117,15 +117,15 @@ class GKTServer(Method):
         client_logits = torch.cat([a["logits"] for a in arrays.values()])
         owner = torch.cat([torch.full((len(a["labels"]),), k) for k, a in arrays.items()])
         produced = torch.empty_like(client_logits)
-        dev = self.ctx.device
+        dev, dtype = self.ctx.device, next(self.model.parameters()).dtype  # float32 travels; the model's own dtype trains
         self.model.train()
         for epoch in range(self.epochs):
             order = torch.randperm(len(labels), generator=torch_generator(self.ctx.params.seed, "server_batches",
                                                                          round_, epoch))
             for rows in torch.split(order, self.batch_size):
-                out = self.model(feats[rows].to(dev))
+                out = self.model(feats[rows].to(dev, dtype))
                 y = labels[rows].to(dev)
-                loss = ce_rows(out, y) + self.server_kd_rows(out, client_logits[rows].to(dev), owner[rows].to(dev))
+                loss = ce_rows(out, y) + self.server_kd_rows(out, client_logits[rows].to(dev, dtype), owner[rows].to(dev))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.mean().backward()
                 self.optimizer.step()
