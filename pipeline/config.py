@@ -145,10 +145,17 @@ class TrainParams(_Section):
 
     @field_validator("algorithms")
     @classmethod
-    def _non_empty_unique(cls, v: list[str]) -> list[str]:
-        if not v or len(set(v)) != len(v):
-            raise ValueError(f"must be a non-empty list without repeats, drawn from {', '.join(ALGORITHMS)}")
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"must be a list without repeats, drawn from {', '.join(ALGORITHMS)}")
         return v
+
+    @model_validator(mode="after")
+    def _something_to_train(self) -> "TrainParams":
+        if not self.algorithms and not self.hetero_algorithms:
+            raise ValueError("train.algorithms and train.hetero_algorithms are both empty: list at least one "
+                             f"method in either, drawn from {', '.join(ALGORITHMS)}")
+        return self
 
     @field_validator("hetero_algorithms")
     @classmethod

@@ -396,3 +396,11 @@ def test_stage_cli_turns_a_partition_error_into_exit_2(default_params_raw, write
     monkeypatch.chdir(tmp_path)
     assert run_stage(flow, argv=["--params", str(write_params(default_params_raw))]) == 2
     assert "error: partition.classes_per_client = 11" in capsys.readouterr().err
+
+
+def test_a_run_of_heterogeneous_methods_only_is_valid_but_nothing_to_train_is_not(default_params_raw):
+    default_params_raw["train"].update(algorithms=[], hetero_algorithms=["fd"])
+    assert parse_params(default_params_raw).train.algorithms == []  # Table 6's presets: hetero runs only
+    default_params_raw["train"]["hetero_algorithms"] = []
+    with pytest.raises(ConfigError, match="train.algorithms and train.hetero_algorithms are both empty"):
+        parse_params(default_params_raw)
