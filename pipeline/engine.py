@@ -235,7 +235,9 @@ class Trainer:
         if round_ % t.eval_every == 0 or round_ == t.rounds:
             with timer("eval"):
                 rows, extras = self.algorithm.evaluate(round_)
-        mean_acc = float(np.mean([a for _, a, _ in rows])) if rows else None
+        # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
+        tested = [a for _, a, n in rows if n > 0]
+        mean_acc = float(np.mean(tested)) if tested else None
         with timer("db"):
             self.algorithm.end_round(round_)
             ledger = self.ctx.ledger

@@ -155,3 +155,19 @@ def test_fresh_optimizer_starts_every_round_without_momentum(tiny_workspace, mni
     carried = after_two_rounds(fresh=False, rebuild_by_hand=False)
     assert all(torch.equal(a, b) for a, b in zip(fresh, by_hand))
     assert not all(torch.equal(a, b) for a, b in zip(fresh, carried))
+
+
+def test_a_client_without_test_samples_is_left_out_of_the_round_mean(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = Trainer(params, REGISTRY["local"], part, mnist, paths.run_dir("local"), paths.checkpoint_path("local"),
+                      RunResultsDB(paths.run_results("local")), [paths.PARTITION])
+    empty = trainer.ctx.clients[0]
+    empty.x_test, empty.y_test = empty.x_test[:0], empty.y_test[:0]  # as a 0.33 % data share can leave a client
+    summary = trainer.run()
+    assert summary["maua"] == summary["maua"]  # not NaN
+    with duckdb.connect(str(paths.run_results("local")), read_only=True) as con:
+        (acc,) = con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1",
+                             [summary["run_id"]]).fetchone()
+        others = con.execute("SELECT avg(acc) FROM client_rounds WHERE run_id = ? AND client_id > 0 AND round = "
+                             "(SELECT max(round) FROM rounds WHERE run_id = ?)", [summary["run_id"]] * 2).fetchone()[0]
+    assert acc == pytest.approx(others)
