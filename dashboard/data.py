@@ -24,14 +24,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import duckdb
 import pandas as pd
+import yaml
 
 from pipeline import paths
 from pipeline.compare import RunSeries, comparison
+from pipeline.experiments import flatten
 from pipeline.results import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 
 class ResultsUnavailable(Exception):
@@ -189,7 +194,7 @@ def _get(params: dict, path: tuple[str, ...]):
 
 def run_labels(runs: pd.DataFrame) -> list[str]:
     """Short unique names for legends: 'fedcache/homo d663c8', or with the DVC experiment the run
-    belongs to (a sweep's): 'fedcache/homo paper_ablations-R-16'."""
+    belongs to (a sweep's): 'fedcache/homo ablation_R-R-16'."""
     experiments = runs["experiment"] if "experiment" in runs else [None] * len(runs)
     labels = [f"{a}/{s} {e if isinstance(e, str) and e else str(r)[-6:]}"
               for a, s, r, e in zip(runs["algorithm"], runs["setting"], runs["run_id"], experiments)]
@@ -206,11 +211,16 @@ def default_selection(runs: pd.DataFrame) -> list[str]:
     """Per (algorithm, setting): the latest finished run among those of the most common set-up of the
     finished runs (SETUP_KEYS: dataset, clients, rounds), so a 4-round test run or a killed run is not
     picked; without finished runs, the latest run that has written a round (else the latest run). Runs
-    differing from a picked one only in their seed (the latest of each seed) are picked with it."""
+    differing from a picked one only in their seed (the latest of each seed) are picked with it.
+    Finished runs of the workspace come before those of DVC experiments (a sweep's runs vary one param
+    each, the Ablations tab's matter): experiments' runs count only when no workspace run finished."""
     if runs.empty:
         return []
     keys = list(SETUP_KEYS)
     done = runs[runs["status"] == "finished"]
+    if "experiment" in done:
+        workspace = done[done["experiment"].isna() | (done["experiment"] == "")]
+        done = workspace if not workspace.empty else done
     if not done.empty:
         setups = done.assign(_k=[tuple(map(str, v)) for v in done[keys].itertuples(index=False)])
         # the most common set-up; a tie goes to the one with the newest run
@@ -240,6 +250,9 @@ def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
     return "The selected runs are not directly comparable, they differ in " + " · ".join(parts) + "."
 
 
+ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"]
+
+
 @dataclass
 class Snapshot:
     """Everything the live views show, read in one connection."""
@@ -249,6 +262,8 @@ class Snapshot:
     comm_rounds: pd.DataFrame  # run_id, round, direction, kind, bytes (summed over clients)
     comm_clients: pd.DataFrame  # run_id, client_id, direction, kind, bytes (summed over rounds)
     read_at: float = field(default_factory=time.time)
+    # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
+    ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
 
     def label(self, run_id: str) -> str:
         hit = self.runs.loc[self.runs["run_id"] == run_id, "label"]
@@ -267,8 +282,12 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
             return con.execute(sql.format(q=q), ids).df()
 
         rounds = read("rounds", "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s FROM rounds "
-                      "WHERE run_id IN ({q}) ORDER BY run_id, round",
-                      ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"])
+                      "WHERE run_id IN ({q}) ORDER BY run_id, round", ROUND_COLUMNS)
+        swept = ablation_runs(runs)["run_id"].tolist()  # in the same read: one attach per refresh
+        ablation_rounds = con.execute(
+            "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s FROM rounds WHERE run_id IN "
+            f"({', '.join('?' * len(swept))}) ORDER BY run_id, round", swept).df() if swept else \
+            pd.DataFrame(columns=ROUND_COLUMNS)
         clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test FROM client_rounds "
                        "WHERE run_id IN ({q}) ORDER BY run_id, round, client_id",
                        ["run_id", "round", "client_id", "acc", "n_test"])
@@ -284,17 +303,19 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
     for df in (rounds, clients, comm_rounds, comm_clients):
         df = df.sort_values("run_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
         frames.append(df)
-    return Snapshot(runs, *frames)
+    return Snapshot(runs, *frames, ablation_rounds=ablation_rounds)
 
 
 # ----------------------------------------------------------------------------- derived views
 
-def series(snap: Snapshot, run_ids: list[str]) -> list[RunSeries]:
-    """pipeline.compare.RunSeries of the runs that have rounds, in the given order."""
+def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = None) -> list[RunSeries]:
+    """pipeline.compare.RunSeries of the runs that have rounds, in the given order (rounds: snap.rounds,
+    or another frame of its columns such as snap.ablation_rounds)."""
     meta = snap.runs.set_index("run_id")
+    rounds = snap.rounds if rounds is None else rounds
     out = []
     for run_id in run_ids:
-        rows = snap.rounds[snap.rounds["run_id"] == run_id]
+        rows = rounds[rounds["run_id"] == run_id]
         if rows.empty or run_id not in meta.index:
             continue
         out.append(RunSeries(run_id, meta.at[run_id, "algorithm"], meta.at[run_id, "setting"], [
@@ -373,6 +394,37 @@ def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFra
     out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
                          for vs, level in zip(table["speedup_vs"], table["speedup_target"])]
     return out.drop(columns=["speedup_target"])
+
+
+BYTES_COLUMNS = ["bytes_total", "bytes_setup", "bytes_training", "bytes_to_target"]
+
+
+def shown_as(values: pd.DataFrame, shown: pd.DataFrame, columns: list[str]) -> Styler:
+    """`values` as a Styler that displays `shown`'s text in `columns`. st.dataframe sorts a column by
+    its values and draws the Styler's text, so bytes sort as numbers ('950.0 KB' below '6.1 MB', which
+    text would put above) while reading as KB/MB/GB. The text may depend on more than the cell's value
+    (a seed group's '± std'), so each cell gets its text: one Styler.format per distinct text and column."""
+    values = values.reset_index(drop=True)
+    styler = values.style
+    for col in columns:
+        texts = pd.Series(shown[col].to_numpy(), index=values.index)
+        for text, rows in texts.groupby(texts, sort=False).groups.items():
+            styler.format(lambda _, t=text: t, subset=pd.IndexSlice[list(rows), [col]])
+    return styler
+
+
+def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
+    """comparison_frame as display_table shows it, each shown column sorting by its number: bytes
+    ('not reached' as +inf: after every number) and the speed-up ('no bytes sent' +inf, 'not reached'
+    -inf: the cheapest first and the misses last when sorted from the top)."""
+    shown = display_table(table, include_setup).reset_index(drop=True)
+    values = shown.copy()
+    for col in BYTES_COLUMNS:
+        values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
+    values["bytes_to_target"] = values["bytes_to_target"].fillna(math.inf)
+    values["speedup"] = [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
+                         for v, text in zip(table["speedup"], shown["speedup"])]
+    return shown_as(values, shown, [*BYTES_COLUMNS, "speedup"])
 
 
 def run_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:
@@ -542,3 +594,132 @@ def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
         groups["bytes_to_target_mean"], groups["bytes_to_target_std"], groups["n_reached"], groups["n"])]
     out["speedup"] = [NOT_REACHED if pd.isna(v) else f"{v:.2f}x" for v in groups["speedup_mean"]]
     return out
+
+
+def sortable_group_table(groups: pd.DataFrame) -> Styler:
+    """display_group_table's text, each column sorting by its mean: MAUA, bytes total, bytes to target
+    (+inf when no seed reaches it) and the speed-up (-inf when not reached)."""
+    shown = display_group_table(groups).reset_index(drop=True)
+    values = shown.copy()
+    values["maua"] = groups["maua_mean"].to_numpy(dtype=float)
+    values["bytes_total"] = groups["bytes_total_mean"].to_numpy(dtype=float)
+    values["bytes_to_target"] = [m if k > 0 else math.inf
+                                 for m, k in zip(groups["bytes_to_target_mean"], groups["n_reached"])]
+    values["speedup"] = groups["speedup_mean"].fillna(-math.inf).to_numpy(dtype=float)
+    return shown_as(values, shown, ["maua", "bytes_total", "bytes_to_target", "speedup"])
+
+
+# ----------------------------------------------------------------------------- ablations (sweeps)
+
+def _same_value(text: str, value) -> bool:
+    """Whether the value part of an experiment's name is this param value. pipeline.sweeps names an
+    experiment <sweep>-<last part of key>-<value as a -S flag> (characters a git ref does not take
+    replaced by '_'); the flag reads back as YAML."""
+    if isinstance(value, (dict, list)):
+        return False
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    if isinstance(parsed, bool) or isinstance(value, bool):
+        return parsed is value
+    if isinstance(parsed, (int, float)) and isinstance(value, (int, float)):
+        return math.isclose(parsed, value, rel_tol=1e-9)
+    return parsed == value or text == str(value)
+
+
+def swept_key(experiment: str | None, params: dict | None, changed: dict | None) -> tuple[str, str] | None:
+    """(key, sweep name) of a run of a one-key-at-a-time sweep, None for any other run. The key is the
+    param whose name and value end the experiment's name (`ablation_R-R-16`: index.R = 16, sweep
+    ablation_R), preferring the keys `changed` lists: a sweep's value that equals params.yaml's (R 16)
+    changes nothing. An experiment named otherwise (`dvc exp run -S index.R=4`) counts when it changed
+    exactly one key. `seed` is never an ablation: its sweeps are repetitions (Group seeds)."""
+    if not isinstance(experiment, str) or not experiment:
+        return None
+    changed = changed if isinstance(changed, dict) else {}
+    found, named = [], False
+    for key, value in flatten(params or {}).items():
+        if key == "seed":
+            continue
+        sweep, sep, text = experiment.rpartition(f"-{key.rsplit('.', 1)[-1]}-")
+        named = named or bool(sep and sweep)
+        if sep and sweep and _same_value(text, value):
+            found.append((key, sweep))
+    found = [f for f in found if f[0] in changed] or found
+    if len(found) == 1:
+        return found[0]
+    if not named and len(changed) == 1:  # not a sweep's name: a run that changed one plain value
+        key, value = next(iter(changed.items()))
+        if key != "seed" and not isinstance(value, (list, dict)):
+            return key, experiment
+    return None
+
+
+ABLATION_RUN_COLUMNS = ["run_id", "label", "algorithm", "setting", "status", "started_at", "key", "value", "sweep",
+                        "context", "also_changed", "seed"]
+
+
+def ablation_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of one-key-at-a-time sweeps (`python -m pipeline.sweeps run NAME`, see swept_key): the
+    swept key, its value and the sweep, and `context`, the setting and every other param but the seed as
+    one text: the runs of one ablation share it (the same configuration but for the swept key), so two
+    sweeps of one key with the same `set` join, and sweeps with different `set`s stay apart.
+    `also_changed`: the other params the run changed against params.yaml (the sweep's `set`)."""
+    rows = []
+    if runs.empty or "experiment" not in runs:
+        return pd.DataFrame(columns=ABLATION_RUN_COLUMNS)
+    for r in runs[runs["experiment"].notna()].itertuples(index=False):
+        found = swept_key(r.experiment, r.params, r.changed)
+        if found is None:
+            continue
+        key, sweep = found
+        flat = flatten(r.params or {})
+        context = json.dumps([r.setting, {k: v for k, v in flat.items() if k not in (key, "seed")}],
+                             sort_keys=True, default=str)
+        others = {k: v for k, v in (r.changed or {}).items() if k not in (key, "seed")}
+        rows.append((r.run_id, r.label, r.algorithm, r.setting, r.status, r.started_at, key, flat.get(key), sweep,
+                     context, ", ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(others.items())),
+                     str(flat.get("seed"))))
+    out = pd.DataFrame(rows, columns=ABLATION_RUN_COLUMNS)
+    out["value"] = pd.Series([row[7] for row in rows], dtype=object)  # as in params: R 16 stays 16, not 16.0
+    return out
+
+
+ABLATION_COLUMNS = ["ablation", "key", "sweeps", "also_changed", "value", "algorithm", "setting", "line", "maua",
+                    "bytes", "seeds", "runs"]
+
+
+def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
+    """One row per ablation, swept value and method (the paper's section 5.3 figures): MAUA (the best
+    mean user accuracy over rounds, RunSeries.maua as in the comparison table) and the bytes the run
+    sent up to its last round (set-up traffic included or not), each the mean over the seeds run (the
+    latest run of each seed, a finished one before an unfinished one). `ablation` names the swept key
+    (with its sweeps when the key was swept in more than one configuration); `line` is the method
+    (with the setting when the ablation has both)."""
+    abl = ablation_runs(snap.runs)
+    found = {s.run_id: s for s in series(snap, abl["run_id"].tolist(), snap.ablation_rounds)}
+    abl = abl[abl["run_id"].isin(found)]
+    if abl.empty:
+        return pd.DataFrame(columns=ABLATION_COLUMNS)
+    abl = abl.assign(
+        maua=[found[r].maua for r in abl["run_id"]],
+        bytes=[found[r].total_bytes - (0 if include_setup else found[r].setup_bytes) for r in abl["run_id"]],
+        _value=[json.dumps(v, sort_keys=True, default=str) for v in abl["value"]],  # hashable, lists too
+        _done=abl["status"] == "finished")
+    latest = abl.sort_values(["_done", "started_at", "run_id"]).groupby(
+        ["key", "context", "_value", "algorithm", "setting", "seed"], sort=False).tail(1)
+    points = latest.groupby(["key", "context", "_value", "algorithm", "setting"], sort=False).agg(
+        value=("value", "first"), maua=("maua", "mean"), bytes=("bytes", "mean"), seeds=("seed", "size"),
+        runs=("label", ", ".join), also_changed=("also_changed", "first")).reset_index()
+    # the ablation's name: its key, plus its sweeps when the key was swept in more than one configuration
+    sweeps = latest.groupby(["key", "context"])["sweep"].agg(lambda s: ", ".join(sorted(set(s))))
+    contexts = points.groupby("key")["context"].nunique()
+    points["sweeps"] = [sweeps[(k, c)] for k, c in zip(points["key"], points["context"])]
+    points["ablation"] = [k if contexts[k] == 1 else f"{k} ({sw})" for k, sw in zip(points["key"], points["sweeps"])]
+    settings = points.groupby("ablation")["setting"].nunique()
+    points["line"] = [a if settings[ab] == 1 else f"{a}/{st}"
+                      for a, st, ab in zip(points["algorithm"], points["setting"], points["ablation"])]
+    points["_order"] = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else math.inf
+                        for v in points["value"]]
+    points = points.sort_values(["ablation", "line", "_order", "_value"], kind="stable")
+    return points[ABLATION_COLUMNS].reset_index(drop=True)

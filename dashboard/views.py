@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, stages
+from dashboard import charts, data, export, stages
 from dashboard.config import Config
 from pipeline import data as datasets
 
@@ -52,11 +52,15 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
         if group_seeds:  # one line per seed group (mean) with its min-max band
             run_ids = [s.run_id for s in series]
             grouped = data.group_curves(snap, curves, run_ids)
-            st.altair_chart(charts.accuracy_band(grouped, data.group_algorithms(snap, run_ids), x), width="stretch")
+            chart = charts.accuracy_band(grouped, data.group_algorithms(snap, run_ids), x)
         else:
-            st.altair_chart(charts.accuracy_vs_round(curves, labels, x), width="stretch")
+            chart = charts.accuracy_vs_round(curves, labels, x)
+        st.altair_chart(chart, width="stretch")
+        figure_downloads(chart, f"accuracy_vs_{x}", "fig_acc")
     with right:
-        st.altair_chart(charts.accuracy_vs_bytes(curves, zero, labels), width="stretch")
+        chart = charts.accuracy_vs_bytes(curves, zero, labels)
+        st.altair_chart(chart, width="stretch")
+        figure_downloads(chart, "accuracy_vs_bytes", "fig_bytes")
         if not zero.empty:
             st.caption("Horizontal rules: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
     st.download_button("Curves (CSV)", curves[["run", "run_id", "algorithm", "round", "mean_acc", "cum_bytes"]]
@@ -72,21 +76,23 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     if group_seeds:
         _group_table(snap, table, ids, target, include_setup)
         return
-    text = st.column_config.TextColumn
+    text, number = st.column_config.TextColumn, st.column_config.NumberColumn
+    # numbers underneath, KB/MB/GB and '2.50x' on screen (data.sortable_table): a click on a header sorts
+    # by the numbers. No `format` on those columns: a column_config format would replace the text.
     st.dataframe(
-        data.display_table(table, include_setup).drop(columns=["target_acc", "algorithm", "setting"]),
+        data.sortable_table(table, include_setup),
         hide_index=True, width="stretch",
         column_config={
-            "run": "run", "run_id": None,
-            "maua": st.column_config.NumberColumn("MAUA", format="percent", help="max over rounds of the mean user accuracy"),
-            "final_acc": st.column_config.NumberColumn("final acc", format="percent"),
-            "bytes_total": text("bytes total", help="up + down, set-up included"),
-            "bytes_training": text("bytes w/o set-up"),
-            "bytes_setup": text("bytes set-up"),
-            "bytes_to_target": text(f"bytes to {target:.0%}",
-                                    help="cumulative bytes when the mean accuracy first reaches the target"),
-            "speedup": text("speed-up", help="bytes the baseline (same setting) needs to reach the level in 'vs' "
-                                             "over this run's bytes to reach it"),
+            "run": "run", "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
+            "maua": number("MAUA", format="percent", help="max over rounds of the mean user accuracy"),
+            "final_acc": number("final acc", format="percent"),
+            "bytes_total": number("bytes total", help="up + down, set-up included"),
+            "bytes_training": number("bytes w/o set-up"),
+            "bytes_setup": number("bytes set-up"),
+            "bytes_to_target": number(f"bytes to {target:.0%}",
+                                      help="cumulative bytes when the mean accuracy first reaches the target"),
+            "speedup": number("speed-up", help="bytes the baseline (same setting) needs to reach the level in 'vs' "
+                                               "over this run's bytes to reach it"),
             "speedup_vs": text("vs", help="the baseline run of the same setting and the accuracy compared at: the "
                                           "target, or the baseline's best accuracy when it misses the target"),
         })
@@ -100,16 +106,31 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
 def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool) -> None:
     """The comparison table with one row per seed group (per-run comparison aggregated: mean ± std)."""
     groups = data.group_table(snap, table, ids)
-    text = st.column_config.TextColumn
-    st.dataframe(data.display_group_table(groups), hide_index=True, width="stretch", column_config={
-        "group": "runs (seed group)", "maua": text("MAUA", help="mean ± std over the seeds of the max mean user accuracy"),
-        "final_acc": st.column_config.NumberColumn("final acc (mean)", format="percent"),
-        "bytes_total": text("bytes total (mean)"),
-        "bytes_to_target": text(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
-        "speedup": text("speed-up (mean)", help="mean of the runs' speed-ups against the sidebar's baseline")})
+    number = st.column_config.NumberColumn  # sorting by the means, showing mean ± std (data.sortable_group_table)
+    st.dataframe(data.sortable_group_table(groups), hide_index=True, width="stretch", column_config={
+        "group": "runs (seed group)",
+        "maua": number("MAUA", help="mean ± std over the seeds of the max mean user accuracy"),
+        "final_acc": number("final acc (mean)", format="percent"),
+        "bytes_total": number("bytes total (mean)"),
+        "bytes_to_target": number(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
+        "speedup": number("speed-up (mean)", help="mean of the runs' speed-ups against the sidebar's baseline")})
     st.caption(f"One row per seed group (runs whose params differ only in `seed`). Bytes to target "
                f"{'include' if include_setup else 'exclude'} the one-time set-up traffic. The CSV has the raw numbers.")
     st.download_button("Download table (CSV)", groups.to_csv(index=False), "comparison_seeds.csv", "text/csv")
+
+
+def figure_downloads(chart, name: str, key: str) -> None:
+    """SVG and PDF buttons under a chart. The file is rendered only when a button is clicked (a callable
+    as st.download_button's data), so they cost the page nothing; a click does not rerun the app."""
+    if not export.available():
+        st.caption(f"SVG/PDF downloads need `{export.PACKAGE}` (`.venv/bin/pip install {export.PACKAGE}`); "
+                   "PNG: the chart's menu.")
+        return
+    with st.container(horizontal=True, gap="small"):
+        for fmt, mime in export.FORMATS.items():
+            st.download_button(fmt.upper(), export.chart_file(chart, fmt), f"{name}.{fmt}", mime, key=f"{key}_{fmt}",
+                               on_click="ignore", icon=":material/download:", type="tertiary",
+                               help=f"This chart as {fmt.upper()} ({export.WIDTH} px wide, white background)")
 
 
 def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> None:
@@ -158,6 +179,45 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
     silent = [snap.label(r) for r in ids if snap.label(r) not in with_bytes]
     if silent:
         st.caption("No traffic: " + ", ".join(silent))
+
+
+SWEEP_COMMANDS = ("ablation_alpha", "ablation_R", "ablation_data_share")
+
+
+def view_ablations(snap: data.Snapshot, include_setup: bool) -> None:
+    """The FedCache paper's section 5.3: per swept key (runs of `python -m pipeline.sweeps run NAME`), MAUA and
+    bytes against the swept value, one line per method. Independent of the sidebar's run selection."""
+    points = data.ablation_points(snap, include_setup)
+    if points.empty:
+        st.caption("No ablation runs yet. A sweep varies one param and runs each value as a DVC experiment "
+                   "(FedCache and FD), e.g. " + ", ".join(f"`.venv/bin/python -m pipeline.sweeps run {name}`"
+                                                          for name in SWEEP_COMMANDS)
+                   + "; its runs appear here as their experiments publish them.")
+        return
+    st.caption("Runs of one-parameter sweeps (DVC experiments named `<sweep>-<key>-<value>`), whatever the sidebar "
+               "selects. MAUA: best mean user accuracy over rounds (as in the comparison table); bytes: up + down "
+               f"to the run's last round, set-up traffic {'included' if include_setup else 'excluded'} (sidebar); "
+               "each the mean over seeds when several were run.")
+    for n, (name, part) in enumerate(points.groupby("ablation", sort=False)):
+        key = part["key"].iloc[0]
+        st.subheader(name)
+        note = (f"Sweep {part['sweeps'].iloc[0]}: {part['value'].astype(str).nunique()} values, "
+                f"{int(part['seeds'].sum())} runs.")
+        if part["also_changed"].iloc[0]:
+            note += f" Also changed against params.yaml: {part['also_changed'].iloc[0]}."
+        st.caption(note)
+        left, right = st.columns(2)
+        with left:
+            chart = charts.ablation_maua(part, key)
+            st.altair_chart(chart, width="stretch")
+            figure_downloads(chart, f"maua_vs_{key}", f"fig_abl{n}_maua")
+        with right:
+            chart = charts.ablation_bytes(part, key)
+            st.altair_chart(chart, width="stretch")
+            figure_downloads(chart, f"bytes_vs_{key}", f"fig_abl{n}_bytes")
+            silent = sorted(set(part.loc[part["bytes"] == 0, "line"]))
+            if silent:
+                st.caption("Sending no bytes (left out of the log axis): " + ", ".join(silent))
 
 
 def view_partition(cfg: Config, stats: dict | None, params: dict) -> None:

@@ -62,6 +62,13 @@ def frame(spec: dict) -> pd.DataFrame:
     return pd.concat(spec["_frames"], ignore_index=True)
 
 
+def shown(el) -> pd.DataFrame:
+    """The text a dataframe element shows: its Styler's display values when it has one (the comparison
+    tables: numbers underneath, KB/MB/GB on screen), else its values."""
+    styler = el.proto.arrow_data.styler
+    return convert_arrow_bytes_to_pandas_df(styler.display_values) if styler.display_values else el.value
+
+
 def texts(at: AppTest, *kinds: str) -> str:
     return "\n".join(str(e.value) for k in kinds for e in getattr(at, k))
 
@@ -100,13 +107,15 @@ def test_selectors_and_overview(app, sample):
     assert fed["maua"] == pytest.approx(max(sample_data.curve(0.8123)))
     assert at.number_input(key="target").value == pytest.approx(0.64)  # lowest MAUA, rounded down
     reached = fed["bytes_to_target"]
-    assert to_bytes(reached) > to_bytes(fed["bytes_setup"]) and fed["speedup"] == "1.00x"
+    assert reached > fed["bytes_setup"] and fed["speedup"] == 1.0
+    text = shown(at.dataframe[0]).set_index("run_id").loc[ids["fedcache"]]
+    assert to_bytes(text["bytes_to_target"]) == pytest.approx(reached, rel=1e-3) and text["speedup"] == "1.00x"
 
     at.number_input(key="target").set_value(0.5).run()
-    assert to_bytes(at.dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"]) < to_bytes(reached)
+    assert at.dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"] < reached
     at.sidebar.toggle(key="include_setup").set_value(False).run()
     fed = at.dataframe[0].value.set_index("run_id").loc[ids["fedcache"]]
-    assert to_bytes(fed["bytes_to_target"]) < to_bytes(fed["bytes_setup"])  # training traffic only
+    assert fed["bytes_to_target"] < fed["bytes_setup"]  # training traffic only
 
     # homo only, and an older run added side by side
     at.sidebar.multiselect(key="settings").set_value(["homo"]).run()
@@ -146,17 +155,17 @@ def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(ap
     assert at.sidebar.selectbox(key="baseline").value == "fedavg"  # a FedAvg run is selected
     assert at.sidebar.selectbox(key="baseline").options == ["fedavg", "fedcache", "local",
                                                             "costliest run reaching the target"]
-    table = at.dataframe[0].value.set_index("run_id")
+    table = shown(at.dataframe[0]).set_index("run_id")
     assert (table["speedup_vs"] == "fedavg at 64.0%").all()
     assert table.at[ids["fedavg"], "speedup"] == "1.00x" and float(table.at[ids["fedcache"], "speedup"][:-1]) > 1
     assert table.at[ids["local"], "speedup"] == "no bytes sent" and table.at[ids["local"], "bytes_total"] == "0 B"
     assert table.at[ids["fedavg"], "bytes_total"] == "1.4 MB"  # 6 rounds x 6 clients x 2 x 20 kB = 1.44 MB
     at.sidebar.selectbox(key="baseline").set_value("fedcache").run()
-    table = at.dataframe[0].value.set_index("run_id")
+    table = shown(at.dataframe[0]).set_index("run_id")
     assert table.at[ids["fedcache"], "speedup"] == "1.00x" and float(table.at[ids["fedavg"], "speedup"][:-1]) < 1
     assert at.sidebar.selectbox(key="baseline").value == "fedcache"  # kept across reruns
     at.number_input(key="target").set_value(0.95).run()  # above every run's MAUA
-    table = at.dataframe[0].value.set_index("run_id")
+    table = shown(at.dataframe[0]).set_index("run_id")
     assert (table["bytes_to_target"] == "not reached").all()
     # a baseline that misses the target is compared at its best accuracy (pipeline.compare)
     assert (table["speedup_vs"] == "fedcache at 79.9%").all() and table.at[ids["fedcache"], "speedup"] == "1.00x"
@@ -166,6 +175,28 @@ def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(ap
     at = app()  # no FedAvg run: the costliest run reaching the target
     assert at.sidebar.selectbox(key="baseline").value == ""
     assert set(at.dataframe[0].value["speedup_vs"]) == {"fedcache at 64.0%"}
+
+
+def test_bytes_and_speedup_columns_sort_as_numbers_and_show_units(app, mixed):
+    """The grid sorts a column by its values: the bytes and speed-up columns hold numbers (text would put
+    '1.4 MB' before '506.9 KB', and '10.00x' before '2.00x') and show KB/MB/GB and '2.50x' (a Styler)."""
+    path, ids = mixed
+    at = app(FEDCACHE_RESULTS_DB=path)
+    values, text = at.dataframe[0].value.set_index("run_id"), shown(at.dataframe[0]).set_index("run_id")
+    for col in ("bytes_total", "bytes_setup", "bytes_training", "bytes_to_target", "speedup"):
+        assert pd.api.types.is_float_dtype(values[col]), (col, values[col].tolist())
+    assert values.at[ids["fedavg"], "bytes_total"] == 1_440_000 and text.at[ids["fedavg"], "bytes_total"] == "1.4 MB"
+    assert text.at[ids["fedcache"], "bytes_total"] == "506.9 KB" and text.at[ids["local"], "bytes_total"] == "0 B"
+    order = [ids["local"], ids["fedcache"], ids["fedavg"]]  # 0 B < 506.9 KB < 1.4 MB
+    assert values["bytes_total"].sort_values().index.tolist() == order
+    assert text["bytes_total"].sort_values().index.tolist() != order  # as text: '0 B' < '1.4 MB' < '506.9 KB'
+    assert values.at[ids["fedcache"], "speedup"] > values.at[ids["fedavg"], "speedup"] == 1.0
+    assert values.at[ids["local"], "speedup"] == float("inf") and text.at[ids["local"], "speedup"] == "no bytes sent"
+    at.number_input(key="target").set_value(0.95).run()  # nobody reaches it: 'not reached' sorts after every number
+    at.sidebar.selectbox(key="baseline").set_value("fedcache").run()  # compared at FedCache's best: FedAvg misses
+    values, text = at.dataframe[0].value.set_index("run_id"), shown(at.dataframe[0]).set_index("run_id")
+    assert (values["bytes_to_target"] == float("inf")).all() and (text["bytes_to_target"] == "not reached").all()
+    assert values.at[ids["fedavg"], "speedup"] == -float("inf") and text.at[ids["fedavg"], "speedup"] == "not reached"
 
 
 def test_accuracy_vs_wall_clock_time(app):
@@ -442,11 +473,14 @@ def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tm
     at = app(FEDCACHE_RESULTS_DB=path)
     assert_clean(at)
     assert at.sidebar.toggle(key="group_seeds").value  # 3 runs differ only in their seed: on by default
-    table = at.dataframe[0].value
+    table = shown(at.dataframe[0])
     assert len(table) == 2  # the seed group and the local run
     fed = table.set_index("group").loc["fedcache/homo seed00 (3 seeds)"]
     assert fed["maua"].endswith("(3 seeds)") and " ± " in fed["maua"]
     assert fed["bytes_to_target"].endswith("(3 seeds)")
+    means = at.dataframe[0].value.set_index("group")  # sorting by the means
+    assert means.at["fedcache/homo seed00 (3 seeds)", "maua"] == pytest.approx(
+        sum(max(sample_data.curve(0.80 + 0.01 * i)) for i in range(3)) / 3)
     spec = charts(at)["Mean user accuracy vs round"]
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["area", "line"]
     band = frame(spec)
@@ -468,3 +502,90 @@ def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tm
     assert charts(at)["Mean user accuracy vs round"]["mark"]["type"] == "line"
     at.sidebar.multiselect(key="runs").set_value([ids[0], ids[-1]]).run()  # the user's choice sticks
     assert not at.sidebar.toggle(key="group_seeds").value
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """filename -> (callable, mime) of every download button whose file is made on click (deferred)."""
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    files: dict[str, tuple] = {}
+    original = MediaFileManager.add_deferred
+
+    def record(self, data_callable, mimetype, coordinates, file_name=None, **kwargs):
+        files[file_name] = (data_callable, mimetype)
+        return original(self, data_callable, mimetype, coordinates, file_name, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", record)
+    return files
+
+
+def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, monkeypatch):
+    from dashboard import export
+
+    rendered = []
+    real = export.chart_bytes
+    monkeypatch.setattr(export, "chart_bytes", lambda chart, fmt: rendered.append(fmt) or real(chart, fmt))
+    at = app()
+    assert_clean(at)
+    labels = [b.label for b in at.get("download_button")]
+    assert labels.count("SVG") == 2 and labels.count("PDF") == 2
+    assert rendered == []  # drawing the page renders no file: only a click does
+    for name in ("accuracy_vs_round", "accuracy_vs_bytes"):
+        make, mime = deferred[f"{name}.svg"]
+        svg = make()
+        assert svg.startswith(b"<svg") and mime == "image/svg+xml"
+        assert b"Mean user accuracy vs" in svg and b"fedcache/homo aaaaaa" in svg  # title and legend as text
+        make, mime = deferred[f"{name}.pdf"]
+        assert make().startswith(b"%PDF") and mime == "application/pdf"
+    assert rendered == ["svg", "pdf"] * 2
+
+    at.radio(key="acc_x").set_value("time").run()  # the file follows the chart on screen
+    assert b"wall-clock time" in deferred["accuracy_vs_time.svg"][0]()
+
+
+def test_without_vl_convert_the_charts_say_how_to_get_svg_and_pdf(app, monkeypatch):
+    from dashboard import export
+
+    monkeypatch.setattr(export, "available", lambda: False)
+    at = app()
+    assert_clean(at)
+    assert "SVG" not in [b.label for b in at.get("download_button")]
+    assert f"pip install {export.PACKAGE}" in texts(at, "caption")
+
+
+@pytest.fixture
+def ablations(sample, tmp_path):
+    """(results DB, ids) of sample_data.write_ablation_runs: the alpha and R sweeps' runs (FedCache, FD)."""
+    path = tmp_path / "ablations.duckdb"
+    return path, sample_data.write_ablation_runs(ResultsDB(path), sample.root)
+
+
+def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablations, sample):
+    path, ids = ablations
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert_clean(at)
+    ch = charts(at)
+    for key, values in sample_data.ABLATIONS.items():
+        maua, sent = ch[f"MAUA vs {key}"], ch[f"Bytes communicated vs {key}"]
+        points = frame(maua).sort_values(["line", "value"])
+        assert points["value"].tolist() == [float(v) for v in values] * 2 and \
+            points["line"].tolist() == ["fd"] * 3 + ["fedcache"] * 3
+        for row in points.itertuples():
+            finals = [sample_data.ablation_final(key, row.value, row.line)]
+            if (key, row.value, row.line) == ("partition.alpha", 3.0, "fedcache"):  # two seeds: their mean
+                finals.append(finals[0] + 0.02)
+            assert row.maua == pytest.approx(sum(max(sample_data.curve(f)) for f in finals) / len(finals))
+        assert scale(maua) == scale(sent) == {"fd": charts_mod.METHOD_COLORS["fd"],
+                                              "fedcache": charts_mod.METHOD_COLORS["fedcache"]}
+        assert maua["encoding"]["x"]["scale"]["type"] == "log"  # R 1-16, alpha 1-10: a decade or more
+        y = sent["encoding"]["y"]
+        assert y["scale"]["type"] == "log" and "B'" in y["axis"]["labelExpr"]
+        assert (frame(sent)["bytes"] > 0).all()
+    assert "Also changed against params.yaml: train.algorithms" in texts(at, "caption")
+    assert "MAUA vs seed" not in ch  # the seeds sweep repeats a configuration: no ablation
+
+    at = app()  # results without sweep runs: what to run
+    assert_clean(at)
+    assert "python -m pipeline.sweeps run ablation_alpha" in texts(at, "caption")
+    assert not [t for t in charts(at) if t.startswith("MAUA vs")]

@@ -1,7 +1,7 @@
 """End to end: `streamlit run` on 127.0.0.1, opened in headless Chromium (Debian's, driven by
 Playwright's Python package; no browser download), against the sample inputs. Checks the
-charts and the comparison table, every tab, that a run written while the page is open shows
-up without a reload, and saves screenshots to artifacts/ (git-ignored).
+charts and the comparison table, the SVG and PDF downloads, every tab, that a run written while
+the page is open shows up without a reload, and saves screenshots to artifacts/ (git-ignored).
 
 Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
 missing the test tries that once and skips, saying why, only if there is still none.
@@ -142,11 +142,22 @@ def test_dashboard_in_chromium(chromium, server):
             expect(page.locator('[data-testid="stException"]')).to_have_count(0)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
+            # each overview chart downloads as SVG and PDF, the file made by the server when clicked
+            for fmt, head in (("SVG", b"<svg"), ("PDF", b"%PDF")):
+                buttons = overview.get_by_role("button", name=fmt)
+                expect(buttons).to_have_count(2)
+                with page.expect_download(timeout=60_000) as download:
+                    buttons.first.click()
+                assert download.value.suggested_filename == f"accuracy_vs_round.{fmt.lower()}"
+                assert Path(download.value.path()).read_bytes().startswith(head)
+
             # every other tab draws its content
             # bounds, not waits: generous, since a tab's charts render only once it is shown, and on a
             # 2-core machine with the other core busy a third chart took more than 15 s once
-            expected = {"Clients": (CHART, 3), "Communication": (CHART, 2), "Partition": (CHART, 1),
-                        "Neighbours": ('[data-testid="stImage"] img', 4), "Params": ('[data-testid="stJson"]', 2)}
+            expected = {"Clients": (CHART, 3), "Communication": (CHART, 2),
+                        "Ablations": ('code:text("pipeline.sweeps run ablation_alpha")', 1),  # no sweep runs here
+                        "Partition": (CHART, 1), "Neighbours": ('[data-testid="stImage"] img', 4),
+                        "Params": ('[data-testid="stJson"]', 2)}
             for name, (selector, n) in expected.items():
                 page.get_by_role("tab", name=name).click()
                 panel = page.locator(f"{PANEL}:visible")

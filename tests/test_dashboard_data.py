@@ -399,3 +399,75 @@ def test_seed_group_curves_and_table(tmp_path):
     assert [layer["mark"]["type"] for layer in band["layer"]] == ["area", "line"]
     assert band["layer"][0]["encoding"]["color"]["scale"]["range"] == [charts.method_color("fedcache"),
                                                                      charts.method_color("local")]
+
+
+def test_swept_key_is_read_from_the_experiment_name_and_params():
+    params = {"seed": 0, "partition": {"alpha": 1.0, "data_fraction": 0.0033}, "index": {"R": 16},
+              "fedcache": {"T": 3.0}, "fd": {"T": 3.0}}
+    algos = {"train.algorithms": ["fedcache", "fd"]}
+    assert data.swept_key("ablation_R-R-16", params, algos) == ("index.R", "ablation_R")  # params.yaml's R: not changed
+    assert data.swept_key("ablation_data_share-data_fraction-0.0033", params,
+                          {**algos, "partition.data_fraction": 0.0033}) == ("partition.data_fraction",
+                                                                            "ablation_data_share")
+    assert data.swept_key("a-b-alpha-1", params, None) == ("partition.alpha", "a-b")  # a sweep name with dashes
+    assert data.swept_key("ablation_alpha-alpha-3", params, algos) is None  # the name's value is not the run's
+    assert data.swept_key("sweep-T-3.0", params, algos) is None  # fedcache.T or fd.T: ambiguous
+    assert data.swept_key("seeds-seed-1", {**params, "seed": 1}, {"seed": 1}) is None  # repetitions, not an ablation
+    assert data.swept_key("dingy-bots", params, {"index.R": 4}) == ("index.R", "dingy-bots")  # dvc exp run -S
+    assert data.swept_key("dingy-bots", params, {"index.R": 4, "partition.alpha": 3}) is None
+    assert data.swept_key(None, params, {"index.R": 4}) is None  # not an experiment
+
+
+def test_ablation_points_per_swept_value_and_method(tmp_path):
+    from pipeline.results import ResultsDB
+
+    path = tmp_path / "ablations.duckdb"
+    ids = sample_data.write_ablation_runs(ResultsDB(path), tmp_path)
+    snap = data.load_snapshot(path, [])  # the Ablations tab does not depend on the sidebar's selection
+    swept = data.ablation_runs(snap.runs)
+    assert ids[("seed", 1, "fedcache")] not in set(swept["run_id"])
+    assert set(snap.ablation_rounds["run_id"]) == set(swept["run_id"]) == \
+        set(ids.values()) - {ids[("seed", 1, "fedcache")]}
+    points = data.ablation_points(snap)
+    assert list(dict.fromkeys(points["ablation"])) == ["index.R", "partition.alpha"]
+    alpha = points[points["ablation"] == "partition.alpha"]
+    assert alpha[["value", "algorithm"]].values.tolist() == [[v, a] for a in ("fd", "fedcache")
+                                                             for v in (1.0, 3.0, 10.0)]
+    series = {s.run_id: s for s in ResultsDB(path).series(list(ids.values()))}
+    for row in alpha.itertuples():
+        runs = [ids[("partition.alpha", row.value, row.algorithm)]]
+        if (row.value, row.algorithm) == (3.0, "fedcache"):
+            runs.append(ids[("partition.alpha", 3.0, "fedcache", 1)])  # seed 1: the mean of both
+        assert row.seeds == len(runs)
+        assert row.maua == pytest.approx(sum(series[r].maua for r in runs) / len(runs))
+        assert row.bytes == pytest.approx(sum(series[r].total_bytes for r in runs) / len(runs))
+    fed = alpha[alpha["algorithm"] == "fedcache"]
+    assert fed["maua"].is_monotonic_increasing
+    assert (fed["bytes"] > alpha[alpha["algorithm"] == "fd"]["bytes"].max()).all()
+    r_values = points.loc[points["ablation"] == "index.R", "value"].tolist()
+    assert r_values == [1, sample_data.R, 16] * 2 and all(type(v) is int for v in r_values)  # as params has them
+    no_setup = data.ablation_points(snap, include_setup=False).set_index(["ablation", "value", "algorithm"])
+    assert (no_setup.loc[("partition.alpha", 1.0, "fedcache"), "bytes"]
+            == series[ids[("partition.alpha", 1.0, "fedcache")]].total_bytes
+            - series[ids[("partition.alpha", 1.0, "fedcache")]].setup_bytes)
+    # the charts: the method's colour, a log x axis over a decade or more
+    spec = charts.ablation_maua(alpha, "partition.alpha").to_dict()
+    assert spec["encoding"]["x"]["scale"]["type"] == "log" and spec["encoding"]["x"]["axis"]["values"] == [1, 3, 10]
+    assert dict(zip(spec["encoding"]["color"]["scale"]["domain"], spec["encoding"]["color"]["scale"]["range"])) == {
+        "fd": charts.method_color("fd"), "fedcache": charts.method_color("fedcache")}
+    narrow = alpha.assign(value=alpha["value"].map({1.0: 1.0, 3.0: 2.0, 10.0: 4.0}))  # under a decade: linear
+    assert charts.ablation_maua(narrow, "x").to_dict()["encoding"]["x"]["scale"]["type"] == "linear"
+    named = alpha.assign(value=alpha["value"].map({1.0: "hog", 3.0: "simhash", 10.0: "pixels"}))
+    assert charts.ablation_bytes(named, "encode.encoder").to_dict()["encoding"]["x"]["type"] == "nominal"
+
+
+def test_default_selection_prefers_workspace_runs_to_sweep_runs(tmp_path):
+    from pipeline.results import ResultsDB
+
+    path = tmp_path / "both.duckdb"
+    mixed = sample_data.write_mixed_runs(ResultsDB(path), tmp_path)
+    sample_data.write_ablation_runs(ResultsDB(path), tmp_path)  # newer, same set-up, FedCache and FD
+    runs = data.load_runs(path)
+    assert data.default_selection(runs) == [mixed["fedavg"], mixed["fedcache"], mixed["local"]]
+    sweeps_only = runs[runs["experiment"].notna()]
+    assert set(runs.set_index("run_id").loc[data.default_selection(sweeps_only), "algorithm"]) == {"fedcache", "fd"}
