@@ -1,9 +1,9 @@
 """Sweeps: DVC experiments that change one params.yaml key at a time, queued and run in parallel.
 
     python -m pipeline.sweeps list                       # the sweeps and their first comment line
-    python -m pipeline.sweeps show paper_ablations       # its experiments and their -S flags
-    python -m pipeline.sweeps run paper_ablations        # queue them, run 2 at a time, collect
-    python -m pipeline.sweeps run paper_ablations --jobs 1 -S train.rounds=20   # later -S flags win
+    python -m pipeline.sweeps show ablation_R           # its experiments and their -S flags
+    python -m pipeline.sweeps run ablation_R            # queue them, run 2 at a time, collect
+    python -m pipeline.sweeps run ablation_R --jobs 1 -S train.rounds=20   # later -S flags win
 
 A sweep file, sweeps/<name>.yaml, has `set` (a partial params.yaml applied to every experiment)
 and `vary` ({dotted key: [values]}): one experiment per value, every other key as params.yaml

@@ -24,21 +24,23 @@ from pipeline.experiments import Experiment
 from pipeline.results import TABLES, rebuild_index, run_files
 
 
-def test_the_paper_ablations_sweep_plans_eight_experiments(monkeypatch):
+def test_the_paper_ablation_sweeps_plan_one_experiment_per_value(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
-    planned = sweeps.plan("paper_ablations")
-    assert [p.name for p in planned] == [
-        "paper_ablations-alpha-0.5", "paper_ablations-alpha-1", "paper_ablations-alpha-3", "paper_ablations-alpha-10",
-        "paper_ablations-R-1", "paper_ablations-R-4", "paper_ablations-R-16", "paper_ablations-R-64"]
-    alpha3 = planned[2]
+    assert [p.name for p in sweeps.plan("ablation_R")] == [f"ablation_R-R-{r}" for r in (1, 4, 16, 64, 256)]
+    assert [p.name for p in sweeps.plan("ablation_data_share")] == [
+        "ablation_data_share-data_fraction-0.0033", "ablation_data_share-data_fraction-0.01",
+        "ablation_data_share-data_fraction-0.05", "ablation_data_share-data_fraction-0.2"]
+    planned = sweeps.plan("ablation_alpha")
+    assert [p.name for p in planned] == ["ablation_alpha-alpha-1", "ablation_alpha-alpha-3", "ablation_alpha-alpha-10"]
+    alpha3 = planned[1]
     assert alpha3.settings == {"train.algorithms": ["fedcache", "fd"], "train.hetero_algorithms": [],
                                "partition.alpha": 3}
     cmd = sweeps.queue_command(alpha3)
-    assert cmd[1:7] == ["exp", "run", "--queue", "--force", "-n", "paper_ablations-alpha-3"]
+    assert cmd[1:7] == ["exp", "run", "--queue", "--force", "-n", "ablation_alpha-alpha-3"]
     assert cmd[7:] == ["-S", "train.algorithms=[fedcache,fd]", "-S", "train.hetero_algorithms=[]",
                        "-S", "partition.alpha=3"]
     # extra -S flags go to every experiment and win
-    assert all(p.settings["train.rounds"] == 3 for p in sweeps.plan("paper_ablations", ["train.rounds=3"]))
+    assert all(p.settings["train.rounds"] == 3 for p in sweeps.plan("ablation_alpha", ["train.rounds=3"]))
 
 
 @pytest.mark.parametrize("body, says", [
