@@ -359,6 +359,45 @@ def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_
     return df
 
 
+PAPER_COLUMNS = ["run", "run_id", "table", "maua", "paper_maua", "difference", "gb_total", "gb_to_target",
+                 "paper_gb", "speedup", "paper_speedup", "reference"]
+
+
+def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
+                figures: list | None = None) -> pd.DataFrame:
+    """Each selected run beside the FedCache paper's figures for its (dataset, method, setting)
+    (paper/fedcache_tables.csv); runs the paper has no row for are left out. The measured speed-up is
+    against the paper's reference method of that table (pFedMe for Table 5, FedDKC for Table 6) when
+    a run of it is selected, else None. `difference`: MAUA minus the paper's, in points."""
+    from pipeline import paper
+
+    figures = paper.load() if figures is None else figures
+    runs = snap.runs.set_index("run_id")
+    matched = {}
+    for rid in run_ids:
+        if rid in runs.index:
+            r = runs.loc[rid]
+            hit = paper.lookup(figures, r["dataset"], r["algorithm"], r["setting"])
+            if hit is not None:
+                matched[rid] = hit
+    rows = []
+    for reference in sorted({p.reference for p in matched.values()}):
+        table = comparison_frame(snap, run_ids, target, include_setup, reference).set_index("run_id")
+        for rid, p in matched.items():
+            if p.reference != reference or rid not in table.index:
+                continue
+            m = table.loc[rid]
+            against_reference = m["speedup_vs"] == reference  # compare falls back to another run when it has none
+            rows.append({"run": snap.label(rid), "run_id": rid, "table": p.table, "maua": m["maua"],
+                         "paper_maua": p.maua,
+                         "difference": None if p.maua is None or m["maua"] is None else (m["maua"] - p.maua) * 100,
+                         "gb_total": m["bytes_total"] / 1e9,
+                         "gb_to_target": None if pd.isna(m["bytes_to_target"]) else m["bytes_to_target"] / 1e9,
+                         "paper_gb": p.comm_gb, "speedup": m["speedup"] if against_reference else None,
+                         "paper_speedup": p.speedup, "reference": reference})
+    return pd.DataFrame(rows, columns=PAPER_COLUMNS)
+
+
 NOT_REACHED = "not reached"
 
 

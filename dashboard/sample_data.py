@@ -105,7 +105,7 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
             else:
                 comm += [(rnd, k, "up", "logits", n * BYTES_PER_LOGIT_ROW, SERVER),
                          (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
-    if algorithm == "fedavg" and rnd > 0:
+    if algorithm in ("fedavg", "pfedme", "mtfl") and rnd > 0:  # whole models, each way
         comm += [(rnd, k, d, "params", MODEL_BYTES, SERVER) for k in range(len(sizes)) for d in ("up", "down")]
     if algorithm == "fd" and rnd > 0:  # FD: per class, int64 class id + float32 mean logits, each way
         comm += [(rnd, k, d, "class_logits", C * BYTES_PER_LOGIT_ROW, SERVER) for k in range(len(sizes))

@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import charts, data, export, stages
 from dashboard.config import Config
 from pipeline import data as datasets
+from pipeline.errors import InputFileError
 
 log = logging.getLogger("dashboard")
 QUERY, SAME_CLIENT, OTHER_CLIENT, WRONG_LABEL = (20, 20, 20), (170, 170, 170), (255, 140, 0), (220, 0, 0)
@@ -75,7 +76,13 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     table = data.comparison_frame(snap, ids, target, include_setup, baseline)
     if group_seeds:
         _group_table(snap, table, ids, target, include_setup)
-        return
+    else:
+        _run_table(table, target, include_setup)
+    _paper_table(snap, ids, target, include_setup)
+
+
+def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
+    """The comparison table, one row per run."""
     text, number = st.column_config.TextColumn, st.column_config.NumberColumn
     # numbers underneath, KB/MB/GB and '2.50x' on screen (data.sortable_table): a click on a header sorts
     # by the numbers. No `format` on those columns: a column_config format would replace the text.
@@ -101,6 +108,35 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
                "a setting without a run of that method falls back to its costliest run reaching the target. "
                "The CSV has the raw numbers (bytes).")
     st.download_button("Download table (CSV)", table.to_csv(index=False), "comparison.csv", "text/csv")
+
+
+def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_setup: bool) -> None:
+    """The selected runs beside the FedCache paper's Tables 5 and 6 (same dataset, method and setting)."""
+    try:
+        frame = data.paper_frame(snap, ids, target, include_setup)
+    except InputFileError as err:
+        st.warning(f"The paper's figures could not be read: {err}")
+        return
+    if frame.empty:
+        return
+    st.subheader("Beside the FedCache paper")
+    number, text = st.column_config.NumberColumn, st.column_config.TextColumn
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        "run_id": None, "table": number("table", format="%d"),
+        "maua": number("MAUA", format="percent"), "paper_maua": number("paper MAUA", format="percent"),
+        "difference": number("difference (points)", format="%+.1f"),
+        "gb_total": number("GB total", format="%.3f"),
+        "gb_to_target": number(f"GB to {target:.0%}", format="%.3f"),
+        "paper_gb": number("paper GB to its target", format="%g"),
+        "speedup": number("speed-up", format="%.1fx", help="bytes to the target, against the selected run of the "
+                                                           "paper's reference method of that table (same setting)"),
+        "paper_speedup": number("paper speed-up", format="%.1fx"),
+        "reference": text("reference", help="the paper's reference method of the table: pFedMe (Table 5), "
+                                            "FedDKC (Table 6)")})
+    st.caption("The paper's figures (paper/fedcache_tables.csv) are at its scale: K = 300 clients, all training "
+               "samples, up to 1,000 rounds, and GB to its own target accuracy per dataset; empty where the paper "
+               "prints '-'. A speed-up is empty when no run of the reference method is selected or a run misses "
+               "the target.")
 
 
 def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool) -> None:

@@ -589,3 +589,12 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
     assert_clean(at)
     assert "python -m pipeline.sweeps run ablation_alpha" in texts(at, "caption")
     assert not [t for t in charts(at) if t.startswith("MAUA vs")]
+
+
+def test_the_overview_shows_the_papers_figures_beside_the_selected_runs(app, mixed):
+    path, ids = mixed  # MNIST runs: FedCache is in the paper's Table 5 (its MAUA printed as '-'), FedAvg and local not
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert "Beside the FedCache paper" in [h.value for h in at.subheader]
+    paper = at.dataframe[1].value
+    assert paper["run_id"].tolist() == [ids["fedcache"]] and paper["table"].tolist() == [5]
+    assert paper["reference"].tolist() == ["pfedme"] and paper["paper_maua"].isna().all()

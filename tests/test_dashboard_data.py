@@ -471,3 +471,32 @@ def test_default_selection_prefers_workspace_runs_to_sweep_runs(tmp_path):
     assert data.default_selection(runs) == [mixed["fedavg"], mixed["fedcache"], mixed["local"]]
     sweeps_only = runs[runs["experiment"].notna()]
     assert set(runs.set_index("run_id").loc[data.default_selection(sweeps_only), "algorithm"]) == {"fedcache", "fd"}
+
+
+def test_runs_beside_the_papers_figures_with_speed_ups_against_the_tables_reference(sample, tmp_path):
+    from pipeline.results import ResultsDB
+
+    path, root = tmp_path / "paper.duckdb", sample.root
+    db, sizes = ResultsDB(path), np.full(sample_data.K, sample_data.PER_CLIENT)
+    sample_data.write_run(db, "pfedme-1", "pfedme", "homo", sample_data.params_for(root), sizes,
+                          sample_data.curve(0.70), seed=1)
+    sample_data.write_run(db, "fd-1", "fd", "homo", sample_data.params_for(root), sizes, sample_data.curve(0.80), seed=2)
+    sample_data.write_run(db, "fedavg-1", "fedavg", "homo", sample_data.params_for(root), sizes,
+                          sample_data.curve(0.75), seed=3)  # the paper's tables have no FedAvg row
+    sample_data.write_run(db, "fd-2", "fd", "hetero", sample_data.params_for(root, hetero=True), sizes,
+                          sample_data.curve(0.78), seed=4)
+    ids = ["pfedme-1", "fd-1", "fedavg-1", "fd-2"]
+    snap = data.load_snapshot(path, ids)
+    frame = data.paper_frame(snap, ids, 0.6).set_index("run_id")
+    assert sorted(frame.index) == ["fd-1", "fd-2", "pfedme-1"]
+    fd = frame.loc["fd-1"]  # Table 5, MNIST: FD 84.19 %, no GB or speed-up ('-'), reference pFedMe
+    assert (fd["table"], fd["paper_maua"], fd["reference"]) == (5, pytest.approx(0.8419), "pfedme")
+    assert fd["difference"] == pytest.approx((fd["maua"] - 0.8419) * 100)
+    assert pd.isna(fd["paper_gb"]) and pd.isna(fd["paper_speedup"])
+    against_pfedme = data.comparison_frame(snap, ids, 0.6, baseline="pfedme").set_index("run_id")
+    assert fd["speedup"] == pytest.approx(against_pfedme.at["fd-1", "speedup"]) and fd["speedup"] > 1
+    assert frame.at["pfedme-1", "speedup"] == pytest.approx(1.0) and frame.at["pfedme-1", "paper_speedup"] == 1.0
+    assert frame.at["pfedme-1", "gb_total"] == pytest.approx(against_pfedme.at["pfedme-1", "bytes_total"] / 1e9)
+    hetero = frame.loc["fd-2"]  # Table 6, whose reference (FedDKC) is not selected: no measured speed-up
+    assert (hetero["table"], hetero["reference"], hetero["paper_maua"]) == (6, "feddkc", pytest.approx(0.7990))
+    assert pd.isna(hetero["speedup"])
