@@ -49,7 +49,11 @@ class ResNet(nn.Module):
         self.feature_dim = 64
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return F.adaptive_avg_pool2d(self.stages(self.stem(x)), 1).flatten(1)
+        return self.pooled(self.stem(x))
+
+    def pooled(self, stem_out: torch.Tensor) -> torch.Tensor:
+        """The penultimate features from the stem's output (FedDKC/FedICT send that output to a server)."""
+        return F.adaptive_avg_pool2d(self.stages(stem_out), 1).flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

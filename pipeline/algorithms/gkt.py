@@ -42,8 +42,7 @@ def stem_features_and_logits(model, x: torch.Tensor, batch_size: int) -> tuple[t
     for start in range(0, len(x), batch_size):
         f = model.stem(x[start:start + batch_size])
         feats.append(f.float().cpu())
-        logits.append(model.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(model.stages(f), 1), 1))
-                      .float().cpu())
+        logits.append(model.head(model.pooled(f)).float().cpu())
     return torch.cat(feats), torch.cat(logits)
 
 
