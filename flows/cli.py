@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import Callable
 
+from prefect import Flow
+
+from flows.api import ensure_api
 from pipeline.cache.neighbours import NeighbourError
 from pipeline.cache.store import CacheStoreError
 from pipeline.config import ConfigError, load_params
@@ -33,6 +36,8 @@ def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, pos
     # Validate before Prefect starts: bad input fails in a second, before any work.
     try:
         load_params(params_file)
+        if isinstance(flow_fn, Flow):
+            ensure_api()  # one Prefect server per `dvc repro`, gone when it is (flows/api.py)
         flow_fn(params_file=params_file, **args)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
