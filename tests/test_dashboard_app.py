@@ -370,28 +370,34 @@ def test_run_with_no_rounds(app, sample, tmp_path):
     assert not at.dataframe or all("maua" not in d.value.columns for d in at.dataframe)
 
 
-# Child processes run small scripts (duckdb + pipeline.results only: they start in ~0.2 s).
+# Child processes run small scripts (duckdb + pipeline.results only: they start in ~0.2 s). Each waits
+# for a line on its stdin where the test needs it to hold still: no step depends on timing.
 HOLD = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1])  # a writer: exclusive lock on the file
 print("ready", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # held until the test says so
 con.close()
 """
 
 APPEND = """
-import json, sys, time
+import json, sys
 from pipeline.results import RunResultsDB
-path, run_id, last, hold_s, clients = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+path, run_id, last, clients = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 db = RunResultsDB(path, lock_timeout_s=60)  # a training stage: its own results file, the run started there
-db.start_run(run_id, "fedcache", "mnist", "homo", json.loads(sys.argv[6]), "abc1234")
+db.start_run(run_id, "fedcache", "mnist", "homo", json.loads(sys.argv[5]), "abc1234")
 for rnd in range(last + 1):  # a training stage's write pattern: per round open, write, close
     acc = 0.1 + 0.05 * rnd
     up, down = (clients * 1000, 0) if rnd == 0 else (clients * 480, clients * 400)
     db.write_round(run_id, rnd, acc, up, down, 0.1, [(k, acc, 20) for k in range(clients)],
                    [(rnd, k, "up", "hashes" if rnd == 0 else "logits", up // clients, -1) for k in range(clients)])
-    with db.connect() as con:  # a slow commit: keep the file locked for a moment
-        time.sleep(hold_s)
+    if rnd % 3 == 1:  # a slow commit: the file stays locked while the app reads
+        with db.connect() as con:
+            print(f"holding {rnd}", flush=True)
+            sys.stdin.readline()
+    else:
+        print(f"wrote {rnd}", flush=True)
+        sys.stdin.readline()
 db.finish_run(run_id)
 print("done", flush=True)
 """
@@ -399,7 +405,13 @@ print("done", flush=True)
 
 def child(script: str, *args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], cwd=Path(__file__).resolve().parent.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def go_on(proc: subprocess.Popen) -> None:
+    """Let a child waiting on its stdin take its next step."""
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
 
 
 def test_locked_db_keeps_last_snapshot(app, sample, tmp_path):
@@ -407,15 +419,16 @@ def test_locked_db_keeps_last_snapshot(app, sample, tmp_path):
     shutil.copy(sample.results_db, path)
     at = app(FEDCACHE_RESULTS_DB=path, FEDCACHE_DB_LOCK_TIMEOUT="0.2")
     assert len(at.dataframe[0].value) == 3
-    holder = child(HOLD, path, 2.0)
+    holder = child(HOLD, path)
     try:
         assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
-        at.run()  # the writer holds the file for longer than the retry window
+        at.run()  # the writer holds the file until told otherwise: longer than the retry window
         assert_clean(at)
         assert "locked by a writer" in texts(at, "warning")
         assert len(at.dataframe[0].value) == 3  # the previous snapshot stays on screen
     finally:
-        holder.wait(10)
+        go_on(holder)
+        assert holder.wait(60) == 0
     at.run()
     assert_clean(at)
     assert "locked" not in texts(at, "warning")
@@ -433,22 +446,27 @@ def test_concurrent_writer(app, sample, tmp_path):
     at.sidebar.multiselect(key="runs").set_value([run_id]).run()
     assert "has no rounds yet" in texts(at, "info")
 
-    last = 12
+    last = 4
     params = json.dumps(sample_data.params_for(sample.root, beta=2.0))
-    writer = child(APPEND, tmp_path / "runs" / "fedcache" / "run.duckdb", run_id, last, 0.15, sample_data.K, params)
-    seen, deadline = [], time.monotonic() + 45
-    while writer.poll() is None and time.monotonic() < deadline:
+    writer = child(APPEND, tmp_path / "runs" / "fedcache" / "run.duckdb", run_id, last, sample_data.K, params)
+    seen = []
+    for rnd in range(last + 1):  # the app reads after each round the writer has written (or while it holds the file)
+        line = writer.stdout.readline().strip()
+        assert line in (f"wrote {rnd}", f"holding {rnd}"), (line, writer.stderr.read() if not line else "")
         at.run()
         assert_clean(at)
         caption = texts(at, "caption")
         seen.append(int(caption.split("round ")[1].split()[0].rstrip(",")) if "round " in caption else -1)
+        if line.startswith("wrote"):
+            assert seen[-1] == rnd, (seen, caption)  # the round just written is on screen
+        go_on(writer)
     out, err = writer.communicate(timeout=30)
     assert writer.returncode == 0 and out.strip() == "done", err
     at.run()
     assert_clean(at)
     table = at.dataframe[0].value.set_index("run_id")
     assert table.at[run_id, "rounds"] == last and table.at[run_id, "status"] == "finished"
-    assert seen == sorted(seen) and len(set(seen)) >= 2, seen  # rounds appeared while the writer ran
+    assert seen == sorted(seen) and len(set(seen)) >= 3, seen  # rounds appeared while the writer ran
 
 
 @pytest.fixture

@@ -84,27 +84,53 @@ def test_snapshot_views(sample):
 
 
 HOLD = """
-import sys, time, duckdb
+import sys, duckdb
 con = duckdb.connect(sys.argv[1])  # a writer: exclusive lock on the file
 print("ready", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # held until the test says so: no timing involved
 con.close()
 """
 
 
-def test_locked_db_retries_then_reports_busy(sample, tmp_path):
+def hold(path) -> subprocess.Popen:
+    """A process holding `path` with a writer's lock until release(holder)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "ready"
+    return holder
+
+
+def release(holder: subprocess.Popen) -> None:
+    if holder.poll() is None:
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+    assert holder.wait(60) == 0
+
+
+def test_locked_db_retries_then_reports_busy(sample, tmp_path, monkeypatch):
+    import types
+
+    import pipeline.results
+
     path = tmp_path / "locked.duckdb"
     shutil.copy(sample.results_db, path)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), "1.0"], stdout=subprocess.PIPE, text=True)
+    holder = hold(path)
     try:
-        assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(data.ResultsBusy, match="locked"):
             data.load_runs(path, timeout_s=0.2)
-        t0 = time.monotonic()
-        assert len(data.load_runs(path, timeout_s=10)) == 4  # waits for the writer to let go
-        assert time.monotonic() - t0 < 5
+        waited = []
+
+        def sleep(seconds: float) -> None:  # the reader met the lock and waits: the writer lets go now
+            if not waited:
+                release(holder)
+            waited.append(seconds)
+            time.sleep(seconds)
+
+        monkeypatch.setattr(pipeline.results, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+        assert len(data.load_runs(path, timeout_s=120)) == 4  # waits for the writer to let go
+        assert waited  # it did meet the lock
     finally:
-        holder.wait(10)
+        release(holder)
 
 
 def test_stage_inputs(sample):
@@ -215,13 +241,12 @@ def test_locked_per_run_file_reports_busy(tmp_path):
 
     run = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
     run.start_run("fedcache-1", "fedcache", "mnist", "homo", {}, "abc")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run.path), "1.0"], stdout=subprocess.PIPE, text=True)
+    holder = hold(run.path)
     try:
-        assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(data.ResultsBusy, match="locked by a writer"):
             data.load_runs(tmp_path / "results.duckdb", timeout_s=0.2)
     finally:
-        holder.wait(10)
+        release(holder)
     assert data.load_runs(tmp_path / "results.duckdb")["run_id"].tolist() == ["fedcache-1"]
 
 

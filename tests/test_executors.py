@@ -82,6 +82,14 @@ def test_step_consistency_needs_the_vectorized_executor():
         parse_params(raw)
 
 
+# What seeds 0-5 gave on a 2-core AMD EPYC (1 thread; live - step, mean accuracy after 8 rounds, about
+# 40 test samples a client): -0.131, -0.117, +0.077, 0.000, -0.036, +0.091 (initial 0.05-0.11, trained
+# 0.59-0.77); seed 0 gave 0.173 on an Intel Xeon. The gap is noise of that size: bounded at twice the
+# largest seen, which a broken reading (a run that does not learn: a gap near 0.6) still fails.
+GAP_BOUND = 0.35
+
+
+@pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
 def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
     """Lockstep reads differ from live reads, so runs differ; both must learn, and land close
     (3 clients x 200 samples, about 40 test samples each, 8 rounds)."""
@@ -95,8 +103,8 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
     acc_live = sum(a for _, a, _ in _train(live, 8)) / 3
     acc_step = sum(a for _, a, _ in _train(step, 8)) / 3
     print(f"mean accuracy: initial {before:.3f}, live {acc_live:.3f}, step {acc_step:.3f}")
-    assert acc_live > before + 0.2 and acc_step > before + 0.2
-    assert abs(acc_live - acc_step) < 0.15
+    assert acc_live > before + 0.3 and acc_step > before + 0.3  # seeds 0-5 gained 0.53 or more
+    assert abs(acc_live - acc_step) < GAP_BOUND
     # the same exchange happened: every sample's logits went up once per round, its teachers came down
     assert live.ctx.ledger.total() == step.ctx.ledger.total()
     assert (step.algorithm.cache.updated_in == 8).all()
