@@ -11,7 +11,8 @@ import numpy as np
 import flows  # noqa: F401
 from prefect import flow, task
 
-from pipeline import paths
+from flows.logs import log_progress
+from pipeline import paths, progress
 from pipeline.config import Params, load_params
 from pipeline.data import load_dataset
 from pipeline.devices import resolve_device
@@ -33,7 +34,12 @@ def encode_flow(params_file: str = "params.yaml") -> dict:
     device = resolve_device(params.device)
     encoder = build_encoder(params.encode, ds.train_x.shape[1:], params.seed)
     start = time.perf_counter()
-    codes = [encode_client(encoder, ds.train_x[part.client_train(k)], params, device) for k in range(part.num_clients)]
+    codes = []
+    with progress.bar(part.num_clients, "encode", "client") as encoded:
+        for k in range(part.num_clients):
+            codes.append(encode_client(encoder, ds.train_x[part.client_train(k)], params, device))
+            encoded.update(1)
+        log_progress(progress.state(encoded))
     codes = np.concatenate(codes)  # ordered by global sample id (clients one after another)
     seconds = time.perf_counter() - start
     paths.HASHES.parent.mkdir(parents=True, exist_ok=True)

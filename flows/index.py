@@ -11,7 +11,8 @@ import numpy as np
 import flows  # noqa: F401
 from prefect import flow, task
 
-from pipeline import paths
+from flows.logs import log_progress
+from pipeline import paths, progress
 from pipeline.cache.neighbours import build_relations, label_neighbours
 from pipeline.cache.hashes import load_hashes
 from pipeline.cache.store import create_cache
@@ -42,7 +43,14 @@ def index_flow(params_file: str = "params.yaml") -> dict:
     check_against_data(params, class_sizes=sizes)
 
     start = time.perf_counter()
-    relations, kinds = build_relations(codes, labels, clients, params.index, search=neighbours_of_label)
+    with progress.bar(len(sizes), "index", "label") as searched:
+        def search(*args, **kwargs):
+            found = neighbours_of_label(*args, **kwargs)
+            searched.update(1)
+            return found
+
+        relations, kinds = build_relations(codes, labels, clients, params.index, search=search)
+        log_progress(progress.state(searched))
     search_s = time.perf_counter() - start
     write_cache(part, codes, relations, params, kinds)
     same = float((labels[relations] == labels[:, None]).mean())

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 import flows  # noqa: F401
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import paths
+from flows.logs import log_progress
+from pipeline import paths, progress
 from pipeline.algorithms import REGISTRY
 from pipeline.config import ConfigError, Params, load_params
 from pipeline.data import load_dataset
@@ -59,22 +63,34 @@ def finish(trainer: Trainer) -> dict:
 
 @flow(name="train", flow_run_name="train-{algorithm}")
 def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = False) -> dict:
+    flow_start = time.time()
     params = load_params(params_file)
     if algorithm not in REGISTRY:
         raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
     trainer = prepare(params, algorithm, hetero)
+    prepared = time.time()
+    name = paths.run_name(algorithm, hetero)
     try:
         first = start(trainer)
         if first > 1:
             print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
-        name = paths.run_name(algorithm, hetero)
-        for round_ in range(first, params.train.rounds + 1):
-            train_round(trainer, round_)
-            acc = trainer.history[-1][1]
-            if acc is not None:
-                print(f"{name} round {round_:4d}: mean acc {acc:.4f}, bytes so far {trainer.ctx.ledger.total():,}",
-                      flush=True)
+        # a bar over the rounds (a line per round where stderr is no terminal, and in the Prefect run's logs),
+        # and one over each round's clients in a terminal
+        trainer.executor.bars = progress.nested(f"{name} round clients")
+        with progress.bar(params.train.rounds, name, "round", initial=first - 1, every_s=0) as rounds:
+            for round_ in range(first, params.train.rounds + 1):
+                train_round(trainer, round_)
+                acc = trainer.history[-1][1]
+                rounds.set_postfix_str(("" if acc is None else f"acc {acc:.4f}, ") +
+                                       f"{trainer.ctx.ledger.total() / 1e6:,.2f} MB so far", refresh=False)
+                rounds.update(1)
+                log_progress(progress.state(rounds))
         summary = finish(trainer)
+        # where the stage's time went besides its rounds: the process's start (interpreter, imports, the
+        # Prefect server) before the flow, and loading the data and building the clients
+        summary["seconds"].update(startup=round(flow_start - psutil.Process().create_time(), 3),
+                                  prepare=round(prepared - flow_start, 3))
+        summary_path(trainer).write_text(json.dumps(summary, indent=1))
     finally:
         trainer.close()  # the dask executor's cluster stops here, also when a round fails
     print(f"{name}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "

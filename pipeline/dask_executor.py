@@ -46,6 +46,7 @@ from pipeline.clients import Client
 from pipeline.comm import Payload
 from pipeline.errors import ConfigError
 from pipeline.executors import Exchange, SequentialExecutor
+from pipeline.progress import BarFactory, no_bar
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -160,6 +161,7 @@ class DaskExecutor:
     # torch threads of the flow's process, which runs the server half and the evaluation while
     # the workers (1 thread each) wait, and waits while they train
     threads = os.cpu_count() or 1
+    bars: BarFactory = staticmethod(no_bar)  # a bar over the round's clients (the engine's caller sets one)
 
     def __init__(self, address: str | None = None, workers: int | None = None):
         self.address = address
@@ -287,7 +289,11 @@ class DaskExecutor:
                                        shipped.state, downloads[k]])
                     futures[k] = self._submit({"local": local, "client": shipped, "download": downloads[k],
                                                "round_": round_, "client_id": k, "dtype": dtype})
-            results: dict[int, ClientResult] = {k: futures[k].result() for k in order}
+            results: dict[int, ClientResult] = {}
+            with self.bars(len(order), "client") as progress:
+                for k in order:
+                    results[k] = futures[k].result()
+                    progress.update(1)
         except BaseException:
             for f in futures.values():
                 f.wrapped_future.cancel()

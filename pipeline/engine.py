@@ -156,6 +156,7 @@ class Trainer:
         self.ctx = Context(params, build_clients(params, part, ds, self.device, hetero), Ledger(), part, self.device,
                            run_dir, ds.num_classes, hetero)
         self.timer = Timer()
+        self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
         self.algorithm = algorithm_cls(self.ctx)
         inputs = algorithm_cls.inputs() if input_files is None else input_files
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
@@ -247,6 +248,9 @@ class Trainer:
         if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
             with timer("checkpoint"):
                 checkpoint.save(self.checkpoint_path, self._state(round_))
+        for name, seconds in timer.seconds.items():
+            self.seconds[name] += seconds
+        self.seconds["rounds"] += time.perf_counter() - start
 
     def _state(self, round_: int) -> dict:
         return {
@@ -287,4 +291,6 @@ class Trainer:
             "bytes_setup": ledger.total() - ledger.total(setup=False),
             "bytes_up": ledger.total(direction=UP),
             "bytes_down": ledger.total(direction=DOWN),
+            # wall seconds of this process's rounds (set-up round 0 included) and of their parts: where a stage's time goes
+            "seconds": {name: round(v, 3) for name, v in sorted(self.seconds.items())},
         }

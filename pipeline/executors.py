@@ -30,6 +30,7 @@ import torch
 from pipeline.algorithms.base import LocalUpdate, Method, Phase, Step, Upload
 from pipeline.clients import Client, batch_order
 from pipeline.comm import Payload
+from pipeline.progress import BarFactory, no_bar
 
 Exchange = Callable[[int, dict[int, Payload]], dict[int, Payload]]
 Records = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -55,11 +56,17 @@ def _stack_records(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torc
 class SequentialExecutor:
     name = "sequential"
     threads = 1  # default torch threads: at batch 8 a second thread slows one small model down
+    bars: BarFactory = staticmethod(no_bar)  # a bar over the round's clients (the engine's caller sets one)
 
     def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
             exchange: Exchange) -> dict[int, Upload]:
-        return {k: self.run_client(method.client, method.ctx.clients[k], downloads[k], round_, exchange,
-                                   method.end_step) for k in selected}
+        uploads = {}
+        with self.bars(len(selected), "client") as progress:
+            for k in selected:
+                uploads[k] = self.run_client(method.client, method.ctx.clients[k], downloads[k], round_, exchange,
+                                             method.end_step)
+                progress.update(1)
+        return uploads
 
     @staticmethod
     def run_client(local: LocalUpdate, client: Client, download: list[Payload], round_: int,
@@ -212,6 +219,8 @@ class VectorizedExecutor:
     name = "vectorized"
     threads = os.cpu_count() or 1  # default torch threads: a grouped step is big enough to use every core
 
+    bars: BarFactory = staticmethod(no_bar)  # a bar over the round's clients (the engine's caller sets one)
+
     def __init__(self, group_size: int):
         self.group_size = group_size
 
@@ -244,14 +253,16 @@ class VectorizedExecutor:
         # A per-step exchange must see every group's step s before any group's step s+1 (lockstep);
         # otherwise a group trains its whole round alone, so only one grouped network is alive at a time.
         batches = [groups] if local.uses_exchange else [[g] for g in groups]
-        for together in batches:
-            runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, exchange) for g in together]
-            for phase in local.phases(round_):
-                steps = max(run.plan(phase) for run in runs)
-                for s in range(steps):
-                    for run in runs:
-                        run.step(s)
-                    method.end_step()
-            for run in runs:
-                finished.update(run.finish())
+        with self.bars(len(clients), "client") as progress:  # a group's clients are done when its last step is
+            for together in batches:
+                runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, exchange) for g in together]
+                for phase in local.phases(round_):
+                    steps = max(run.plan(phase) for run in runs)
+                    for s in range(steps):
+                        for run in runs:
+                            run.step(s)
+                        method.end_step()
+                for run in runs:
+                    finished.update(run.finish())
+                    progress.update(len(run.clients))
         return {k: finished_alone[k] if k in alone else local.end(*finished[k], round_) for k in selected}
