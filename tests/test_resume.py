@@ -56,7 +56,7 @@ def _run_ids():
         con.close()
 
 
-def test_killed_run_resumes_to_the_same_metrics(tiny_workspace):
+def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api):
     cwd, _, _ = tiny_workspace
     raw = yaml.safe_load((cwd / "params.yaml").read_text())
     raw["train"]["rounds"] = ROUNDS

@@ -121,7 +121,8 @@ def _wait_all(procs, label):
         assert proc.returncode == 0, f"{label} failed:\n{out[-2000:]}\n{err[-3000:]}"
 
 
-def test_two_training_stages_and_two_publishers_at_once_lose_nothing(tmp_path, monkeypatch, mnist):
+@pytest.mark.slow
+def test_two_training_stages_and_two_publishers_at_once_lose_nothing(tmp_path, monkeypatch, mnist, prefect_api):
     """Two training stages (real flows, separate processes) write at the same moment, then two
     experiments publish into one main checkout at the same moment: every row of every run is in
     its own file and in the index, and no file holds another run's rows."""
