@@ -65,9 +65,9 @@ run: setup
 	$(BIN)/python -m flows.summary
 
 # The whole suite: the unit tier and the end-to-end tier (DVC, Prefect, sweeps, remote runs, the browser),
-# on TEST_WORKERS pytest-xdist workers; the tests of the one built repository stay together on one.
+# on TEST_WORKERS pytest-xdist workers (each builds its own copy of the repository for the end-to-end tests).
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 test: setup browser
 	$(PYTEST)

@@ -12,17 +12,6 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (`make test` runs 2 workers), the tests of one module that use the session's built
-    repository run on one worker, in order (a worker builds its copy once); so do those of a Dask cluster."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "built_repo" in fixtures:  # per module: the modules' groups may go to different workers, each its own copy
-            item.add_marker(pytest.mark.xdist_group(f"built_repo:{item.module.__name__}"))
-        elif "local_cluster" in fixtures or "separate_cluster" in fixtures:  # one Dask cluster each, not one per worker
-            item.add_marker(pytest.mark.xdist_group("dask"))
-
-
 @pytest.fixture(autouse=True)
 def _seeded_random():
     """Every test starts from the same global random state: a test that draws without its own

@@ -206,8 +206,10 @@ def test_every_readme_command_is_planned_and_its_params_are_valid(default_params
     for page in documented_files():
         assert sum(line.startswith("```") for line in page.read_text().splitlines()) % 2 == 0, f"{page}: unclosed ``` fence"
     text = documented_text()
-    assert set(re.findall(r"\btrain@(\w+)(?!>)\b", text)) <= set(ALGORITHMS), "a stage the built copy does not have"
     planned, uncovered = plan(text)
+    for cmd, how, _ in planned:  # a training stage a command names must be one the built copy has
+        if how != "excluded":
+            assert set(re.findall(r"\btrain@(\w+)", cmd)) <= set(ALGORITHMS), cmd
     assert not uncovered, (f"README commands this test does not run: {uncovered}; add them to PLAN in "
                            f"{Path(__file__).name} (run, bounded or excluded with a reason)")
     assert any(cmd == ".venv/bin/dvc repro" for cmd, _, _ in planned)  # the reading works at all
