@@ -58,7 +58,7 @@ def main() -> None:
     env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
     if fake is not None:
         from dashboard import sample_data
-        from pipeline.results import ResultsDB
+        from pipeline.results.store import ResultsDB
 
         t0 = time.monotonic()
         inputs = sample_data.build_bench(Path(fake.name), runs=args.fake_runs, rounds=args.fake_rounds)

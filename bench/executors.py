@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pipeline.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
+from pipeline.train.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
 
 DASK_EXECUTORS = ("dask", "dask-separate")
 
@@ -49,10 +49,10 @@ def build_fedavg(setting: str, device: str, group_size: int, synthetic: bool, se
     import torch
 
     import torch_harness as h
-    from pipeline.algorithms.fedavg import FedAvg
-    from pipeline.clients import Context, build_clients
-    from pipeline.comm import Ledger
-    from pipeline.partition import make_partition
+    from pipeline.methods.fedavg.method import FedAvg
+    from pipeline.federation.clients import Context, build_clients
+    from pipeline.federation.ledger import Ledger
+    from pipeline.data.partition import make_partition
 
     s = h.SETTINGS[setting]
     ds = h.load_data(synthetic)
@@ -73,7 +73,7 @@ def make_executor(args):
     if args.executor == "vectorized":
         return VectorizedExecutor(args.group_size)
     import flows  # noqa: F401  (Prefect's offline-safe settings, as in a stage)
-    from pipeline.dask_executor import DaskExecutor
+    from pipeline.train.dask_executor import DaskExecutor
 
     if args.executor == "dask":
         return DaskExecutor(workers=args.dask_workers)

@@ -42,7 +42,7 @@ def main() -> None:
     params, part, ds = load_workspace(work)
 
     from models.multiexit import NUM_BLOCKS, block_state
-    from pipeline.comm import DOWN, UP, nbytes
+    from pipeline.federation.ledger import DOWN, UP, nbytes
 
     trainer = fresh_trainer(params, "fedalt", part, ds)
     f = params.fedalt

@@ -49,8 +49,8 @@ VARIANTS: dict[str, dict | str] = {
 
 def local_multiexit_cls():
     """FedAlt's model, loss and evaluation with no exchange: nothing is sent either way."""
-    from pipeline.algorithms.base import Upload
-    from pipeline.algorithms.fedalt import FedAlt, FedAltClient
+    from pipeline.federation.contract import Upload
+    from pipeline.methods.fedalt.method import FedAlt, FedAltClient
 
     class LocalMultiExitClient(FedAltClient):
         def end(self, client, targets, records, round_):
@@ -70,8 +70,8 @@ def local_multiexit_cls():
 
 def trainer_for(params, cls, part, ds, run_name: str):
     from pipeline import paths
-    from pipeline.engine import Trainer
-    from pipeline.results import ResultsDB
+    from pipeline.train.engine import Trainer
+    from pipeline.results.store import ResultsDB
 
     ckpt = paths.CHECKPOINTS / f"{run_name}.pt"
     ckpt.unlink(missing_ok=True)
@@ -79,7 +79,7 @@ def trainer_for(params, cls, part, ds, run_name: str):
 
 
 def run_variant(base, part, ds, variant: str, spec, index: int) -> dict:
-    from pipeline.algorithms import REGISTRY
+    from pipeline.methods.registry import REGISTRY
 
     if spec == "local":
         params, cls = base, REGISTRY["local"]

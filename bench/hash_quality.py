@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from pipeline.config import EncodeParams
-from pipeline.data import load_dataset
-from pipeline.encoder import build_encoder, encode
+from pipeline.data.datasets import load_dataset
+from pipeline.index.encoder import build_encoder, encode
 
 CANDIDATES = {
     "hog": EncodeParams(encoder="hog"),

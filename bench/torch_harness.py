@@ -2,7 +2,7 @@
 
 A bare GPU machine has none of the service libraries (no pydantic, SQLAlchemy, faiss, DuckDB),
 so this builds what the pipeline's stages would (a Dirichlet partition, hashes, per-label
-neighbours) with numpy/torch and runs the library's own round (`pipeline.engine.run_round`)
+neighbours) with numpy/torch and runs the library's own round (`pipeline.train.engine.run_round`)
 with the library's FedCache, executors and clients. What differs from a pipeline run, and
 does not change a round's cost: the hash is a seeded random projection of the pixels (not
 HOG), neighbours come from an exact torch top-k per label (not faiss), and the knowledge
@@ -23,13 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.algorithms.fedcache import FedCache  # noqa: E402
-from pipeline.clients import Context, build_clients  # noqa: E402
-from pipeline.comm import Ledger  # noqa: E402
-from pipeline.data import ImageDataset, load_dataset  # noqa: E402
-from pipeline.engine import Timer, run_round  # noqa: E402
-from pipeline.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
-from pipeline.partition import Partition, make_partition  # noqa: E402
+from pipeline.methods.fedcache.method import FedCache  # noqa: E402
+from pipeline.federation.clients import Context, build_clients  # noqa: E402
+from pipeline.federation.ledger import Ledger  # noqa: E402
+from pipeline.data.datasets import ImageDataset, load_dataset  # noqa: E402
+from pipeline.train.engine import Timer, run_round  # noqa: E402
+from pipeline.train.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
+from pipeline.data.partition import Partition, make_partition  # noqa: E402
 
 SETTINGS = {
     # the official code's setting: K = 20 over all 60,000 FashionMNIST samples, A1/A2/A3 by client index

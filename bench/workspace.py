@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
     from pipeline.config import Params
-    from pipeline.data import ImageDataset
-    from pipeline.engine import Trainer
-    from pipeline.partition import Partition
+    from pipeline.data.datasets import ImageDataset
+    from pipeline.train.engine import Trainer
+    from pipeline.data.partition import Partition
 
 
 def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,8 +78,8 @@ def load_workspace(work: Path) -> tuple[Params, Partition, ImageDataset]:
     os.chdir(work)
     from pipeline import paths
     from pipeline.config import load_params
-    from pipeline.data import load_dataset
-    from pipeline.partition import Partition
+    from pipeline.data.datasets import load_dataset
+    from pipeline.data.partition import Partition
 
     params = load_params("params.yaml")
     return params, Partition.load(paths.PARTITION), load_dataset(params.data.dataset, params.data.root)
@@ -87,16 +87,16 @@ def load_workspace(work: Path) -> tuple[Params, Partition, ImageDataset]:
 
 def fresh_trainer(params: Params, algorithm: str, part: Partition, ds: ImageDataset,
                   run_name: str | None = None) -> Trainer:
-    """A Trainer for `algorithm` (a pipeline.algorithms.REGISTRY key) in the current workspace
+    """A Trainer for `algorithm` (a pipeline.methods.registry.REGISTRY key) in the current workspace
     (see load_workspace), writing to results/runs/<run_name>/ and the workspace's results DuckDB.
 
     `run_name` defaults to the algorithm's name. Its checkpoint, results/checkpoints/<run_name>.pt,
     is deleted first, so the Trainer starts a new run instead of resuming.
     """
     from pipeline import paths
-    from pipeline.algorithms import REGISTRY
-    from pipeline.engine import Trainer
-    from pipeline.results import ResultsDB
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.train.engine import Trainer
+    from pipeline.results.store import ResultsDB
 
     run_name = run_name or algorithm
     ckpt = paths.CHECKPOINTS / f"{run_name}.pt"

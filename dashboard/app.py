@@ -71,7 +71,7 @@ def baseline_picker(sb, algorithms: list[str]) -> str:
     st.session_state["_baseline_default"] = default
     return sb.selectbox("Speed-up baseline", options, key="baseline",
                         format_func=lambda a: a or "costliest run reaching the target",
-                        help="Speed-up = the baseline's bytes to the target over a run's (same setting; pipeline/compare.py)")
+                        help="Speed-up = the baseline's bytes to the target over a run's (same setting; pipeline/results/compare.py)")
 
 
 def group_seeds_toggle(sb, picked: pd.DataFrame) -> bool:

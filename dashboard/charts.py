@@ -19,7 +19,7 @@ HEIGHT = 420  # the whole chart (title, axes and legend included), as Streamlit 
 METHOD_COLORS = {"fedcache": "#e15759", "fd": "#f28e2b", "fedavg": "#4e79a7", "fedproto": "#59a14f",
                  "local": "#79706e", "pdfl": "#b07aa1", "fedalt": "#76b7b2", "mtfl": "#edc948", "pfedme": "#ff9da7"}
 OTHER_COLORS = ["#9c755f", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#1f77b4", "#bab0ac", "#393b79"]
-# per traffic kind a category20 pair: dark = up, light = down (the ledger's kinds, pipeline/algorithms)
+# per traffic kind a category20 pair: dark = up, light = down (the ledger's kinds, pipeline/methods)
 KIND_COLORS = {"hashes": ("#8c564b", "#c49c94"), "logits": ("#d62728", "#ff9896"), "knowledge": ("#1f77b4", "#aec7e8"),
                "class_logits": ("#ff7f0e", "#ffbb78"), "params": ("#2ca02c", "#98df8a"),
                "prototypes": ("#9467bd", "#c5b0d5"), "model": ("#e377c2", "#f7b6d2"), "feedback": ("#7f7f7f", "#c7c7c7"),

@@ -1,7 +1,7 @@
 """Reading the results for the dashboard: pure functions, no Streamlit.
 
 The results are the index `results/results.duckdb` (rebuilt by the report stage) and each
-training stage's own `results/runs/<name>/run.duckdb` (pipeline.results). A read takes the index
+training stage's own `results/runs/<name>/run.duckdb` (pipeline.results.store). A read takes the index
 plus every per-run file that changed since the index was built (a stage running now, or one that
 finished after the last report), the per-run file's rows replacing the index's for its run: one
 in-memory DuckDB connection attaches them read-only and its views `runs`, `rounds`,
@@ -31,9 +31,9 @@ import pandas as pd
 import yaml
 
 from pipeline import paths
-from pipeline.compare import RunSeries, comparison
-from pipeline.experiments import flatten
-from pipeline.results import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
+from pipeline.results.compare import RunSeries, comparison
+from pipeline.experiments.dvc import flatten
+from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -309,7 +309,7 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
 # ----------------------------------------------------------------------------- derived views
 
 def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = None) -> list[RunSeries]:
-    """pipeline.compare.RunSeries of the runs that have rounds, in the given order (rounds: snap.rounds,
+    """pipeline.results.compare.RunSeries of the runs that have rounds, in the given order (rounds: snap.rounds,
     or another frame of its columns such as snap.ablation_rounds)."""
     meta = snap.runs.set_index("run_id")
     rounds = snap.rounds if rounds is None else rounds
@@ -338,7 +338,7 @@ def default_target(runs: list[RunSeries], snap: Snapshot | None = None) -> float
     return math.floor(min(mauas) * 100) / 100 if mauas else 0.5
 
 
-COSTLIEST = ""  # a baseline no algorithm is called: pipeline.compare falls back to the costliest run reaching the target
+COSTLIEST = ""  # a baseline no algorithm is called: pipeline.results.compare falls back to the costliest run reaching the target
 
 
 def default_baseline(algorithms) -> str:
@@ -348,7 +348,7 @@ def default_baseline(algorithms) -> str:
 
 def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
                      baseline: str = "fedavg") -> pd.DataFrame:
-    """pipeline.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST)."""
+    """pipeline.results.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST)."""
     rows = comparison(series(snap, run_ids), target, include_setup, baseline=baseline)
     df = pd.DataFrame(rows, columns=["algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total",
                                      "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", "speedup",
@@ -369,7 +369,7 @@ def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup
     (paper/fedcache_tables.csv); runs the paper has no row for are left out. The measured speed-up is
     against the paper's reference method of that table (pFedMe for Table 5, FedDKC for Table 6) when
     a run of it is selected, else None. `difference`: MAUA minus the paper's, in points."""
-    from pipeline import paper
+    from pipeline.results import paper
 
     figures = paper.load() if figures is None else figures
     runs = snap.runs.set_index("run_id")
@@ -651,7 +651,7 @@ def sortable_group_table(groups: pd.DataFrame) -> Styler:
 # ----------------------------------------------------------------------------- ablations (sweeps)
 
 def _same_value(text: str, value) -> bool:
-    """Whether the value part of an experiment's name is this param value. pipeline.sweeps names an
+    """Whether the value part of an experiment's name is this param value. pipeline.experiments.sweeps names an
     experiment <sweep>-<last part of key>-<value as a -S flag> (characters a git ref does not take
     replaced by '_'); the flag reads back as YAML."""
     if isinstance(value, (dict, list)):
@@ -699,7 +699,7 @@ ABLATION_RUN_COLUMNS = ["run_id", "label", "algorithm", "setting", "status", "st
 
 
 def ablation_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs of one-key-at-a-time sweeps (`python -m pipeline.sweeps run NAME`, see swept_key): the
+    """The runs of one-key-at-a-time sweeps (`python -m pipeline.experiments.sweeps run NAME`, see swept_key): the
     swept key, its value and the sweep, and `context`, the setting and every other param but the seed as
     one text: the runs of one ablation share it (the same configuration but for the swept key), so two
     sweeps of one key with the same `set` join, and sweeps with different `set`s stay apart.

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import paths
-from pipeline.cache.store import create_cache
+from pipeline.index.store import create_cache
 from pipeline.config import PartitionParams
-from pipeline.data import load_dataset
-from pipeline.partition import make_partition, partition_stats, write_stats
-from pipeline.results import ResultsDB
+from pipeline.data.datasets import load_dataset
+from pipeline.data.partition import make_partition, partition_stats, write_stats
+from pipeline.results.store import ResultsDB
 
 K, PER_CLIENT, R, ROUNDS, C = 6, 40, 5, 6, 10
 BYTES_PER_LOGIT_ROW = 8 + 4 * C  # int64 id + float32 logits (up); knowledge down is 4 * C
@@ -84,7 +84,7 @@ def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: 
               accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0,
               experiment: str | None = None, changed: dict | None = None) -> None:
     """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
-    `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments)."""
+    `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc)."""
     gen = np.random.default_rng(seed)
     if start_round == 0:
         db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed)
@@ -190,7 +190,7 @@ def ablation_final(key: str, value: float, algorithm: str) -> float:
 
 
 def write_ablation_runs(db: ResultsDB, root: Path) -> dict[tuple, str]:
-    """Runs as `python -m pipeline.sweeps run ablation_alpha` and `... ablation_R` leave them (FedCache and
+    """Runs as `python -m pipeline.experiments.sweeps run ablation_alpha` and `... ablation_R` leave them (FedCache and
     FD, one run per value, named <sweep>-<key>-<value>, `changed` as against params_for's params: a value
     equal to the baseline's is not in it), plus a second seed of FedCache at alpha 3 (final accuracy
     0.02 above seed 0's) and one run of the seeds sweep (not an ablation). Returns

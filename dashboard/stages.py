@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline import data as datasets
+from pipeline.data import datasets
 from pipeline import paths
 
 CLASS_NAMES = {
@@ -60,8 +60,8 @@ def label_mix(stats: dict, dataset: str | None = None) -> pd.DataFrame:
 
 
 def load_train_index(path: Path) -> np.ndarray:
-    """Dataset index of every global sample id (the `train_index` of pipeline.partition.Partition,
-    read with numpy alone: importing pipeline.partition would pull in torch, seconds of start-up)."""
+    """Dataset index of every global sample id (the `train_index` of pipeline.data.partition.Partition,
+    read with numpy alone: importing pipeline.data.partition would pull in torch, seconds of start-up)."""
     if not Path(path).is_file():
         raise InputMissing(f"No partition at `{path}`: run the partition stage (`dvc repro partition`).")
     with np.load(path) as z:

@@ -14,7 +14,7 @@ import streamlit as st
 
 from dashboard import charts, data, export, stages
 from dashboard.config import Config
-from pipeline import data as datasets
+from pipeline.data import datasets
 from pipeline.errors import InputFileError
 
 log = logging.getLogger("dashboard")
@@ -221,12 +221,12 @@ SWEEP_COMMANDS = ("ablation_alpha", "ablation_R", "ablation_data_share")
 
 
 def view_ablations(snap: data.Snapshot, include_setup: bool) -> None:
-    """The FedCache paper's section 5.3: per swept key (runs of `python -m pipeline.sweeps run NAME`), MAUA and
+    """The FedCache paper's section 5.3: per swept key (runs of `python -m pipeline.experiments.sweeps run NAME`), MAUA and
     bytes against the swept value, one line per method. Independent of the sidebar's run selection."""
     points = data.ablation_points(snap, include_setup)
     if points.empty:
         st.caption("No ablation runs yet. A sweep varies one param and runs each value as a DVC experiment "
-                   "(FedCache and FD), e.g. " + ", ".join(f"`.venv/bin/python -m pipeline.sweeps run {name}`"
+                   "(FedCache and FD), e.g. " + ", ".join(f"`.venv/bin/python -m pipeline.experiments.sweeps run {name}`"
                                                           for name in SWEEP_COMMANDS)
                    + "; its runs appear here as their experiments publish them.")
         return

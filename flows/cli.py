@@ -9,14 +9,14 @@ from typing import Callable
 from prefect import Flow
 
 from flows.api import ensure_api
-from pipeline.cache.neighbours import NeighbourError
-from pipeline.cache.store import CacheStoreError
+from pipeline.index.neighbours import NeighbourError
+from pipeline.index.store import CacheStoreError
 from pipeline.config import ConfigError, load_params
-from pipeline.data import DatasetNotFoundError
+from pipeline.data.datasets import DatasetNotFoundError
 from pipeline.errors import InputFileError
-from pipeline.encoder import EncoderError
+from pipeline.index.encoder import EncoderError
 from pipeline.errors import ResultsError
-from pipeline.partition import PartitionError
+from pipeline.data.partition import PartitionError
 
 # Errors caused by the user's params or files: shown as one message, exit code 2.
 USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, NeighbourError, CacheStoreError,

@@ -14,10 +14,10 @@ from prefect import flow, task
 from flows.logs import log_progress
 from pipeline import paths, progress
 from pipeline.config import Params, load_params
-from pipeline.data import load_dataset
+from pipeline.data.datasets import load_dataset
 from pipeline.devices import resolve_device
-from pipeline.encoder import build_encoder, encode
-from pipeline.partition import Partition
+from pipeline.index.encoder import build_encoder, encode
+from pipeline.data.partition import Partition
 
 
 @task

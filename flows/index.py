@@ -13,11 +13,11 @@ from prefect import flow, task
 
 from flows.logs import log_progress
 from pipeline import paths, progress
-from pipeline.cache.neighbours import build_relations, label_neighbours
-from pipeline.cache.hashes import load_hashes
-from pipeline.cache.store import create_cache
+from pipeline.index.neighbours import build_relations, label_neighbours
+from pipeline.index.hashes import load_hashes
+from pipeline.index.store import create_cache
 from pipeline.config import Params, check_against_data, load_params
-from pipeline.partition import Partition
+from pipeline.data.partition import Partition
 
 
 # One task per label (coarse: a label's search is one faiss call).

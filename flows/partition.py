@@ -11,8 +11,8 @@ from prefect import flow, task
 
 from pipeline import paths
 from pipeline.config import Params, check_against_data, load_params
-from pipeline.data import load_dataset
-from pipeline.partition import Partition, make_partition, partition_stats, write_stats
+from pipeline.data.datasets import load_dataset
+from pipeline.data.partition import Partition, make_partition, partition_stats, write_stats
 
 
 @task

@@ -9,11 +9,12 @@ import sys
 import flows  # noqa: F401
 from prefect import flow, task
 
-from pipeline import experiments, paths
-from pipeline.compare import comparison
+from pipeline import paths
+from pipeline.experiments import dvc as experiments
+from pipeline.results.compare import comparison
 from pipeline.config import Params, load_params
-from pipeline.report import format_paper_table, format_table, plot_accuracy_vs_bytes, write_outputs
-from pipeline.results import ResultsDB, rebuild_index
+from pipeline.results.report import format_paper_table, format_table, plot_accuracy_vs_bytes, write_outputs
+from pipeline.results.store import ResultsDB, rebuild_index
 
 
 def stage_runs(params: Params) -> list[tuple[dict, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pipeline import paths
-from pipeline.cache.store import read_meta
+from pipeline.index.store import read_meta
 from pipeline.config import load_params
 
 

@@ -1,5 +1,5 @@
 """Stage 4 (one per algorithm): federated rounds; per-round metrics and bytes -> the stage's own
-results file, results/runs/<name>/run.duckdb (pipeline.results).
+results file, results/runs/<name>/run.duckdb (pipeline.results.store).
 
     .venv/bin/python -m flows.train <algorithm> [--hetero] [--params params.yaml]
 
@@ -22,12 +22,12 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.logs import log_progress
 from pipeline import paths, progress
-from pipeline.algorithms import REGISTRY
+from pipeline.methods.registry import REGISTRY
 from pipeline.config import ConfigError, Params, load_params
-from pipeline.data import load_dataset
-from pipeline.engine import Trainer
-from pipeline.partition import Partition
-from pipeline.results import RunResultsDB
+from pipeline.data.datasets import load_dataset
+from pipeline.train.engine import Trainer
+from pipeline.data.partition import Partition
+from pipeline.results.store import RunResultsDB
 
 
 @task(cache_policy=NO_CACHE)

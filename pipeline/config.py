@@ -21,9 +21,9 @@ DATASETS = ("fashion_mnist", "mnist", "cifar10")
 ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
 
 
-from pipeline.algorithms import REGISTRY
+from pipeline.methods.registry import REGISTRY
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
-from pipeline.partition import samples_used
+from pipeline.data.partition import samples_used
 
 
 class _Section(BaseModel):
@@ -254,7 +254,7 @@ class PFedMeParams(_Section):
 
 
 class _ServerModelParams(_Section):
-    """The server-model knobs FedDKC and FedICT share (pipeline/algorithms/gkt.py)."""
+    """The server-model knobs FedDKC and FedICT share (pipeline/methods/gkt.py)."""
 
     server_model: Literal["a4s", "a3"] = "a4s"
     server_epochs: int = Field(1, ge=1)
@@ -392,7 +392,7 @@ def check_against_data(params: Params, train_class_sizes: Sequence[int] | None =
 
     `train_class_sizes`: the dataset's training samples per class (the partition stage). K times
     min_samples is checked against the samples the split will use, counted by the same function
-    the split uses (`pipeline.partition.samples_used`), so this check and the split agree.
+    the split uses (`pipeline.data.partition.samples_used`), so this check and the split agree.
     `class_sizes`: the per-label sample counts after partitioning (the index stage: what the
     neighbour search runs over); R must be below the smallest.
     """

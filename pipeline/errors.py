@@ -6,7 +6,7 @@ class ConfigError(ValueError):
 
 
 class ResultsError(Exception):
-    """A results file (pipeline/results.py) is damaged, not a results file, or does not hold what it
+    """A results file (pipeline/results/store.py) is damaged, not a results file, or does not hold what it
     should; the message is one line naming the file and what rebuilds it."""
 
     def __init__(self, message: str, path=None, why: str = ""):

@@ -92,7 +92,7 @@ def tiny_params_raw(overrides: dict | None = None) -> dict:
 
 @pytest.fixture(scope="session")
 def mnist():
-    from pipeline.data import load_dataset
+    from pipeline.data.datasets import load_dataset
 
     return load_dataset("mnist", REPO_ROOT / "data" / "raw")
 
@@ -118,11 +118,11 @@ def make_workspace(tmp_path, mnist, overrides: dict | None = None):
     """params.yaml (the tiny setting with `overrides`) and the partition/encode/index outputs in
     tmp_path, the current directory; returns (tmp_path, params, partition)."""
     from pipeline import paths
-    from pipeline.cache.neighbours import build_relations
-    from pipeline.cache.store import create_cache
+    from pipeline.index.neighbours import build_relations
+    from pipeline.index.store import create_cache
     from pipeline.config import parse_params
-    from pipeline.encoder import build_encoder, encode
-    from pipeline.partition import make_partition
+    from pipeline.index.encoder import build_encoder, encode
+    from pipeline.data.partition import make_partition
 
     raw = tiny_params_raw(overrides)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -167,10 +167,10 @@ def float64(monkeypatch):
     batches amplifies last-bit differences)."""
     import torch
 
-    import pipeline.clients
+    import pipeline.federation.clients
 
-    to_tensor = pipeline.clients.to_tensor
-    monkeypatch.setattr(pipeline.clients, "to_tensor", lambda images: to_tensor(images).double())
+    to_tensor = pipeline.federation.clients.to_tensor
+    monkeypatch.setattr(pipeline.federation.clients, "to_tensor", lambda images: to_tensor(images).double())
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     yield

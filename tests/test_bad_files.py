@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from pipeline import paths
-from pipeline.cache import store
-from pipeline.cache.hashes import load_hashes
+from pipeline.index import store
+from pipeline.index.hashes import load_hashes
 from pipeline.config import ConfigError, load_params
 from pipeline.errors import InputFileError
-from pipeline.partition import Partition
+from pipeline.data.partition import Partition
 
 
 def test_damaged_partition_file(tiny_workspace):

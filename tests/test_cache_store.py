@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from pipeline.cache import store
+from pipeline.index import store
 
 
 @pytest.fixture()

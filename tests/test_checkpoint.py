@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import checkpoint, paths
+from pipeline import paths
+from pipeline.train import checkpoint
 
 
 class _Planted:
@@ -82,9 +83,9 @@ def test_a_damaged_checkpoint_is_ignored_with_a_message(tmp_path, capsys):
 
 
 def test_a_training_stage_starts_afresh_over_a_planted_checkpoint(tiny_workspace, mnist, capsys):
-    from pipeline.algorithms import REGISTRY
-    from pipeline.engine import Trainer
-    from pipeline.results import RunResultsDB
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.train.engine import Trainer
+    from pipeline.results.store import RunResultsDB
 
     _, params, part = tiny_workspace
     marker = tiny_workspace[0] / "planted-code-ran"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.compare import RunSeries, comparison
+from pipeline.results.compare import RunSeries, comparison
 
 
 def _series(algorithm, accs, per_round, setup=0, setting="homo"):

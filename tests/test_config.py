@@ -41,7 +41,7 @@ def test_the_schema_names_every_dataset_and_encoder_the_code_has():
     # The schema spells the choices out as Literals; they must match the names the rest of the code uses.
     from typing import get_args
 
-    from pipeline import data
+    from pipeline.data import datasets as data
     from pipeline.config import DataParams, EncodeParams, ReportParams
 
     assert get_args(DataParams.model_fields["dataset"].annotation) == DATASETS == data.DATASETS
@@ -57,7 +57,7 @@ TRAIN_SIZES = {"fashion_mnist": [6000] * 10, "mnist": [6000] * 10, "cifar10": [5
 
 
 def test_default_params_fit_their_dataset(default_params_raw):
-    from pipeline.partition import samples_used, scale_fraction
+    from pipeline.data.partition import samples_used, scale_fraction
 
     params = parse_params(default_params_raw)
     sizes = TRAIN_SIZES[params.data.dataset]
@@ -282,7 +282,7 @@ def test_exactly_enough_samples_passes(default_params_raw):
 def test_the_early_check_counts_the_samples_the_split_uses(default_params_raw, synthetic_labels, fraction):
     """check_against_data and make_partition count the used samples with one function, so for every
     K * min_samples the early check passes exactly when the split has enough samples."""
-    from pipeline.partition import make_partition, samples_used
+    from pipeline.data.partition import make_partition, samples_used
 
     train_y, test_y = synthetic_labels  # 10 classes x 600
     sizes = np.bincount(train_y, minlength=10)
@@ -301,7 +301,7 @@ def test_the_early_check_counts_the_samples_the_split_uses(default_params_raw, s
 
 
 def _passes(fn) -> bool:
-    from pipeline.partition import PartitionError
+    from pipeline.data.partition import PartitionError
 
     try:
         fn()
@@ -388,7 +388,7 @@ def test_stage_cli_good_params_runs_the_flow(default_params_raw, write_params, t
 def test_stage_cli_turns_a_partition_error_into_exit_2(default_params_raw, write_params, tmp_path, monkeypatch,
                                                         capsys):
     from flows.cli import run_stage
-    from pipeline.partition import PartitionError
+    from pipeline.data.partition import PartitionError
 
     def flow(params_file):
         raise PartitionError("partition.classes_per_client = 11: the dataset has only 10 classes")

@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard import charts as charts_mod
 from dashboard import sample_data
 from dashboard.app import TABS
-from pipeline.results import ResultsDB
+from pipeline.results.store import ResultsDB
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 
@@ -167,7 +167,7 @@ def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(ap
     at.number_input(key="target").set_value(0.95).run()  # above every run's MAUA
     table = shown(at.dataframe[0]).set_index("run_id")
     assert (table["bytes_to_target"] == "not reached").all()
-    # a baseline that misses the target is compared at its best accuracy (pipeline.compare)
+    # a baseline that misses the target is compared at its best accuracy (pipeline.results.compare)
     assert (table["speedup_vs"] == "fedcache at 79.9%").all() and table.at[ids["fedcache"], "speedup"] == "1.00x"
     assert table.at[ids["fedavg"], "speedup"] == table.at[ids["local"], "speedup"] == "not reached"
     assert not table.isna().any().any() and "None" not in table.to_string()
@@ -335,7 +335,7 @@ def test_damaged_index_names_the_file_and_the_fix(app, tmp_path):
     at = app(FEDCACHE_RESULTS_DB=path)
     assert not at.exception, [e.value for e in at.exception]  # no traceback
     [error] = [e.value for e in at.error]
-    assert f"`{path}` is damaged" in error and f"python -m pipeline.results rebuild --index {path}" in error
+    assert f"`{path}` is damaged" in error and f"python -m pipeline.results.store rebuild --index {path}" in error
 
 
 def test_a_file_damaged_meanwhile_keeps_the_last_data_on_screen(app, sample, tmp_path):
@@ -350,7 +350,7 @@ def test_a_file_damaged_meanwhile_keeps_the_last_data_on_screen(app, sample, tmp
     at.run()
     assert_clean(at)
     warning = texts(at, "warning")
-    assert f"`{path}` is damaged" in warning and f"python -m pipeline.results rebuild --index {path}" in warning
+    assert f"`{path}` is damaged" in warning and f"python -m pipeline.results.store rebuild --index {path}" in warning
     assert "Showing the data read at" in warning
     assert len(at.dataframe[0].value) == 3 and "Mean user accuracy vs round" in charts(at)  # still on screen
     path.write_bytes(good)
@@ -370,7 +370,7 @@ def test_run_with_no_rounds(app, sample, tmp_path):
     assert not at.dataframe or all("maua" not in d.value.columns for d in at.dataframe)
 
 
-# Child processes run small scripts (duckdb + pipeline.results only: they start in ~0.2 s). Each waits
+# Child processes run small scripts (duckdb + pipeline.results.store only: they start in ~0.2 s). Each waits
 # for a line on its stdin where the test needs it to hold still: no step depends on timing.
 HOLD = """
 import sys, duckdb
@@ -382,7 +382,7 @@ con.close()
 
 APPEND = """
 import json, sys
-from pipeline.results import RunResultsDB
+from pipeline.results.store import RunResultsDB
 path, run_id, last, clients = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 db = RunResultsDB(path, lock_timeout_s=60)  # a training stage: its own results file, the run started there
 db.start_run(run_id, "fedcache", "mnist", "homo", json.loads(sys.argv[5]), "abc1234")
@@ -605,7 +605,7 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
 
     at = app()  # results without sweep runs: what to run
     assert_clean(at)
-    assert "python -m pipeline.sweeps run ablation_alpha" in texts(at, "caption")
+    assert "python -m pipeline.experiments.sweeps run ablation_alpha" in texts(at, "caption")
     assert not [t for t in charts(at) if t.startswith("MAUA vs")]
 
 

@@ -98,7 +98,7 @@ def server(tmp_path_factory):
 # A training stage starting while the page is open: a new run, one round every 0.3 s.
 LIVE_WRITER = """
 import sys, time
-from pipeline.results import ResultsDB
+from pipeline.results.store import ResultsDB
 path, run_id, params_json = sys.argv[1], sys.argv[2], sys.argv[3]
 import json
 db = ResultsDB(path, lock_timeout_s=60)
@@ -157,7 +157,7 @@ def test_dashboard_in_chromium(chromium, server):
             # bounds, not waits: generous, since a tab's charts render only once it is shown, and on a
             # 2-core machine with the other core busy a third chart took more than 15 s once
             expected = {"Clients": (CHART, 3), "Communication": (CHART, 2),
-                        "Ablations": ('code:text("pipeline.sweeps run ablation_alpha")', 1),  # no sweep runs here
+                        "Ablations": ('code:text("pipeline.experiments.sweeps run ablation_alpha")', 1),  # no sweep runs here
                         "Partition": (CHART, 1), "Neighbours": ('[data-testid="stImage"] img', 4),
                         "Params": ('[data-testid="stJson"]', 2)}
             for name, (selector, n) in expected.items():

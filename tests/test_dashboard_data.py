@@ -110,7 +110,7 @@ def release(holder: subprocess.Popen) -> None:
 def test_locked_db_retries_then_reports_busy(sample, tmp_path, monkeypatch):
     import types
 
-    import pipeline.results
+    import pipeline.results.store
 
     path = tmp_path / "locked.duckdb"
     shutil.copy(sample.results_db, path)
@@ -126,7 +126,7 @@ def test_locked_db_retries_then_reports_busy(sample, tmp_path, monkeypatch):
             waited.append(seconds)
             time.sleep(seconds)
 
-        monkeypatch.setattr(pipeline.results, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
+        monkeypatch.setattr(pipeline.results.store, "time", types.SimpleNamespace(**{**vars(time), "sleep": sleep}))
         assert len(data.load_runs(path, timeout_s=120)) == 4  # waits for the writer to let go
         assert waited  # it did meet the lock
     finally:
@@ -179,7 +179,7 @@ def _age(path, seconds: float = 10.0) -> None:
 
 
 def test_index_plus_live_per_run_files(sample, tmp_path):
-    from pipeline.results import RunResultsDB, rebuild_index
+    from pipeline.results.store import RunResultsDB, rebuild_index
 
     sizes = np.full(sample_data.K, sample_data.PER_CLIENT)
     params = sample_data.params_for(sample.root)
@@ -219,13 +219,13 @@ def test_index_plus_live_per_run_files(sample, tmp_path):
 
 
 def test_damaged_files_are_named_with_the_command_that_rebuilds_them(sample, tmp_path):
-    from pipeline.results import RunResultsDB, rebuild_index
+    from pipeline.results.store import RunResultsDB, rebuild_index
 
     index = tmp_path / "results.duckdb"
     index.write_bytes(b"not a database" * 1000)
     with pytest.raises(data.ResultsDamaged) as err:
         data.load_runs(index)
-    assert f"`{index}`" in str(err.value) and f"python -m pipeline.results rebuild --index {index}" in str(err.value)
+    assert f"`{index}`" in str(err.value) and f"python -m pipeline.results.store rebuild --index {index}" in str(err.value)
 
     run = RunResultsDB(tmp_path / "runs" / "fd-hetero" / "run.duckdb")
     run.start_run("fd-1", "fd", "mnist", "hetero", {}, "abc")
@@ -237,7 +237,7 @@ def test_damaged_files_are_named_with_the_command_that_rebuilds_them(sample, tmp
 
 
 def test_locked_per_run_file_reports_busy(tmp_path):
-    from pipeline.results import RunResultsDB
+    from pipeline.results.store import RunResultsDB
 
     run = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
     run.start_run("fedcache-1", "fedcache", "mnist", "homo", {}, "abc")
@@ -251,9 +251,9 @@ def test_locked_per_run_file_reports_busy(tmp_path):
 
 
 def test_runs_of_a_published_experiment_are_labelled_with_it(tmp_path):
-    """A sweep's experiment publishes its runs to <index dir>/experiments/<name>/ (pipeline.experiments):
+    """A sweep's experiment publishes its runs to <index dir>/experiments/<name>/ (pipeline.experiments.dvc):
     the index holds them beside the workspace's runs, labelled with the experiment's name."""
-    from pipeline.results import RunResultsDB, rebuild_index
+    from pipeline.results.store import RunResultsDB, rebuild_index
 
     params = {"seed": 0}
     RunResultsDB(tmp_path / "runs" / "fd" / "run.duckdb").start_run("fd-1", "fd", "mnist", "homo", params, "abc")
@@ -305,7 +305,7 @@ def test_colours_are_fixed_per_method_and_traffic_kind(sample):
 @pytest.fixture
 def mixed(sample, tmp_path):
     """(index path, ids) of sample_data.write_mixed_runs: one set-up's finished runs, a test run, a killed run."""
-    from pipeline.results import ResultsDB
+    from pipeline.results.store import ResultsDB
 
     path = tmp_path / "mixed.duckdb"
     return path, sample_data.write_mixed_runs(ResultsDB(path), sample.root)
@@ -339,7 +339,7 @@ def test_a_running_run_without_rounds_for_minutes_is_shown_as_stale(mixed, tmp_p
                                              "running"]  # the last round 5 min ago
 
     # a per-run file written to recently (a resumed run: started long ago, few rounds' wall_s) is running
-    from pipeline.results import RunResultsDB
+    from pipeline.results.store import RunResultsDB
     run = RunResultsDB(tmp_path / "runs" / "fedcache" / "run.duckdb")
     sample_data.write_run(run, "fedcache-r", "fedcache", "homo", {}, np.full(sample_data.K, 5), [0.1, 0.2], finish=False)
     with run.connect() as con:
@@ -393,7 +393,7 @@ def test_seed_groups_join_runs_that_differ_only_in_seed():
 
 
 def test_seed_group_curves_and_table(tmp_path):
-    from pipeline.results import ResultsDB
+    from pipeline.results.store import ResultsDB
 
     path = tmp_path / "seeds.duckdb"
     ids = sample_data.write_seed_runs(ResultsDB(path), tmp_path)
@@ -444,7 +444,7 @@ def test_swept_key_is_read_from_the_experiment_name_and_params():
 
 
 def test_ablation_points_per_swept_value_and_method(tmp_path):
-    from pipeline.results import ResultsDB
+    from pipeline.results.store import ResultsDB
 
     path = tmp_path / "ablations.duckdb"
     ids = sample_data.write_ablation_runs(ResultsDB(path), tmp_path)
@@ -487,7 +487,7 @@ def test_ablation_points_per_swept_value_and_method(tmp_path):
 
 
 def test_default_selection_prefers_workspace_runs_to_sweep_runs(tmp_path):
-    from pipeline.results import ResultsDB
+    from pipeline.results.store import ResultsDB
 
     path = tmp_path / "both.duckdb"
     mixed = sample_data.write_mixed_runs(ResultsDB(path), tmp_path)
@@ -499,7 +499,7 @@ def test_default_selection_prefers_workspace_runs_to_sweep_runs(tmp_path):
 
 
 def test_runs_beside_the_papers_figures_with_speed_ups_against_the_tables_reference(sample, tmp_path):
-    from pipeline.results import ResultsDB
+    from pipeline.results.store import ResultsDB
 
     path, root = tmp_path / "paper.duckdb", sample.root
     db, sizes = ResultsDB(path), np.full(sample_data.K, sample_data.PER_CLIENT)

@@ -6,7 +6,7 @@ import pytest
 
 from dashboard import stages, views
 from dashboard.config import Config
-from pipeline.partition import make_partition, partition_stats, write_stats
+from pipeline.data.partition import make_partition, partition_stats, write_stats
 
 
 @pytest.fixture

@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
+from pipeline.methods.registry import REGISTRY
 from pipeline.config import ConfigError, parse_params
-from pipeline.engine import Trainer
-from pipeline.executors import SequentialExecutor
-from pipeline.results import ResultsDB
+from pipeline.train.engine import Trainer
+from pipeline.train.executors import SequentialExecutor
+from pipeline.results.store import ResultsDB
 
 from conftest import tiny_params_raw, with_section
 
@@ -61,7 +61,7 @@ def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None
 @pytest.fixture(scope="module")
 def local_cluster(prefect_api):
     """The dask executor with its own local cluster of 2 worker processes (1 thread each)."""
-    from pipeline.dask_executor import DaskExecutor
+    from pipeline.train.dask_executor import DaskExecutor
 
     executor = DaskExecutor(workers=2)
     try:
@@ -252,7 +252,7 @@ def test_an_unreachable_scheduler_is_a_clear_error():
 
     import dask
 
-    from pipeline.dask_executor import DaskExecutor
+    from pipeline.train.dask_executor import DaskExecutor
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""Tests for pipeline.data: tiny synthetic files in the real formats; no network."""
+"""Tests for pipeline.data.datasets: tiny synthetic files in the real formats; no network."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import data
-from pipeline.data import (
+from pipeline.data import datasets as data
+from pipeline.data.datasets import (
     DATASETS,
     DatasetNotFoundError,
     ImageDataset,

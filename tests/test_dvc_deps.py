@@ -5,7 +5,7 @@ module of this repo that it imports, transitively: `pipeline.*`, `models.*`, `fl
 inside functions included (they run when the stage does), imports under `if TYPE_CHECKING:`
 left out (they never run). Importing `a.b.c` runs the `__init__.py` of `a` and `a.b` too; an
 `__init__.py` that holds nothing but a docstring cannot change a result and is not required.
-A folder dep (`pipeline/algorithms`, `models`) covers every file below it.
+A folder dep (`pipeline/methods`, `models`) covers every file below it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ PACKAGES = ("pipeline", "models", "flows")
 
 
 def _module_file(module: str) -> Path | None:
-    """The file of a repo module (`pipeline.cache.store` -> pipeline/cache/store.py), or None."""
+    """The file of a repo module (`pipeline.index.store` -> pipeline/index/store.py), or None."""
     if module.split(".")[0] not in PACKAGES:
         return None
     base = ROOT.joinpath(*module.split("."))
@@ -138,10 +138,10 @@ def test_every_code_dep_exists(name):
 def test_the_import_walk_finds_what_it_should():
     """The walk itself: function-level imports, `from package import module`, parents' __init__."""
     code = stage_code("flows.train")
-    assert {"flows/__init__.py", "flows/train.py", "pipeline/engine.py", "pipeline/paths.py",
-            "pipeline/grouped.py",  # imported inside a function of executors.py
-            "pipeline/cache/store.py",  # `from pipeline.cache import store` inside fedcache.py's methods
-            "pipeline/algorithms/__init__.py", "models/multiexit.py"} <= code
+    assert {"flows/__init__.py", "flows/train.py", "pipeline/train/engine.py", "pipeline/paths.py",
+            "pipeline/train/grouped.py",  # imported inside a function of executors.py
+            "pipeline/index/store.py",  # `from pipeline.index import store` inside fedcache.py's methods
+            "pipeline/methods/registry.py", "models/multiexit.py"} <= code
     assert "pipeline/__init__.py" not in code  # a docstring only
     # `if __name__ == "__main__": from flows.cli import run_stage` runs when the stage runs
-    assert {"flows/cli.py", "pipeline/cache/neighbours.py"} <= stage_code("flows.partition")
+    assert {"flows/cli.py", "pipeline/index/neighbours.py"} <= stage_code("flows.partition")

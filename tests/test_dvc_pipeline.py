@@ -126,7 +126,7 @@ def test_editing_one_algorithm_reruns_only_its_stage(repo):
 def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
     """The per-run file is the stage's (persisted) output: `dvc repro -s -f train@<name>` (what a damaged
     file's error says) reruns that stage alone, which replaces the file; the report then picks it up."""
-    from pipeline.results import ResultsDB, rebuild_command
+    from pipeline.results.store import ResultsDB, rebuild_command
 
     run_file = repo / "results/runs/local/run.duckdb"
     run_file.write_bytes(b"garbage!" * 4096)
@@ -145,13 +145,13 @@ def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
 
 
 def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
-    """`python -m pipeline.sweeps run` queues one DVC experiment per value, runs the queue with 2 jobs;
+    """`python -m pipeline.experiments.sweeps run` queues one DVC experiment per value, runs the queue with 2 jobs;
     each experiment's report stage publishes its runs to this checkout, tagged with its name and
     the params it changed (against the committed params.yaml)."""
     # a training knob: each experiment restores partition, encode and index from DVC's cache and trains
     (repo / "sweeps/tiny.yaml").write_text("# two learning rates\nvary:\n  train.lr: [0.05, 0.02]\n")
     try:
-        out = _run([str(BIN / "python"), "-m", "pipeline.sweeps", "run", "tiny", "--jobs", "2",
+        out = _run([str(BIN / "python"), "-m", "pipeline.experiments.sweeps", "run", "tiny", "--jobs", "2",
                     "-S", "train.algorithms=[local]"], repo)
         assert "| tiny-lr-0.05 | train.lr=0.05 | local |" in out.stdout, out.stdout
         con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
@@ -170,4 +170,4 @@ def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
         import shutil
 
         shutil.rmtree(repo / "results/experiments", ignore_errors=True)
-        _run([str(BIN / "python"), "-m", "pipeline.results", "rebuild"], repo)
+        _run([str(BIN / "python"), "-m", "pipeline.results.store", "rebuild"], repo)

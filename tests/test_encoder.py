@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline.config import EncodeParams
-from pipeline.encoder import EncoderError, build_encoder, encode
+from pipeline.index.encoder import EncoderError, build_encoder, encode
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_simhash_is_seeded_and_data_independent(images):
 def test_simhash_bits_are_signs_of_the_projection(images):
     enc = build_encoder(EncodeParams(encoder="simhash", bits=64), images.shape[1:], seed=0)
     with torch.no_grad():
-        from pipeline.encoder import _to_float
+        from pipeline.index.encoder import _to_float
         proj = enc(_to_float(images)).numpy()
     np.testing.assert_array_equal(np.unpackbits(encode(enc, images, 8), axis=1), (proj > 0).astype(np.uint8))
     # the offset is fixed: centre / sqrt(d) on the unit-norm HOG features (d = 1296 at 28 px)
@@ -142,9 +142,9 @@ def test_fedcache_setup_ledger_counts_packed_bytes(tmp_path, monkeypatch, mnist)
 
     from conftest import make_workspace
     from pipeline import paths
-    from pipeline.algorithms import REGISTRY
-    from pipeline.engine import Trainer
-    from pipeline.results import RunResultsDB
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.train.engine import Trainer
+    from pipeline.results.store import RunResultsDB
 
     bits = 64
     monkeypatch.chdir(tmp_path)

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
+from pipeline.methods.registry import REGISTRY
 from pipeline.config import ConfigError, parse_params
-from pipeline.engine import Trainer
-from pipeline.executors import SequentialExecutor, VectorizedExecutor
-from pipeline.results import ResultsDB
+from pipeline.train.engine import Trainer
+from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+from pipeline.results.store import ResultsDB
 
 from conftest import make_workspace, tiny_params_raw, with_section
 

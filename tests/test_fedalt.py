@@ -12,15 +12,15 @@ import torch.nn.functional as F
 from models.multiexit import NUM_BLOCKS, MultiExitResNet, block_of, block_state, build_multiexit
 from models.resnet import build_model, count_parameters
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fedalt import (FedAlt, aggregate, blocks_sent, combine, compute_tier, congested,
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.fedalt.method import (FedAlt, aggregate, blocks_sent, combine, compute_tier, congested,
                                        distill_weight, fedalt_loss_rows, full_round)
-from pipeline.clients import evaluate_model
-from pipeline.comm import nbytes
+from pipeline.federation.clients import evaluate_model
+from pipeline.federation.ledger import nbytes
 from pipeline.config import ConfigError, FedAltParams, parse_params
-from pipeline.engine import Trainer
-from pipeline.losses import kd_rows
-from pipeline.results import ResultsDB
+from pipeline.train.engine import Trainer
+from pipeline.federation.losses import kd_rows
+from pipeline.results.store import ResultsDB
 
 from conftest import tiny_params_raw
 

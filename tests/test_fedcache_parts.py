@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from pipeline.cache.knowledge import KnowledgeCache
-from pipeline.losses import kd_rows
+from pipeline.methods.fedcache.knowledge import KnowledgeCache
+from pipeline.federation.losses import kd_rows
 
 
 def kd_loss(student, teacher, T):

@@ -14,15 +14,15 @@ from torch import nn
 from conftest import tiny_params_raw
 from models.resnet import build_model
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fedproto import (FedProto, aggregate, aggregation_weights, class_prototypes, compress,
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.fedproto.method import (FedProto, aggregate, aggregation_weights, class_prototypes, compress,
                                           decompress, prototype_mse_rows, topk_count)
-from pipeline.comm import DOWN, Ledger
+from pipeline.federation.ledger import DOWN, Ledger
 from pipeline.config import ConfigError, parse_params
-from pipeline.clients import Client, Context, to_tensor
-from pipeline.engine import Trainer, run_round
-from pipeline.executors import SequentialExecutor
-from pipeline.results import ResultsDB
+from pipeline.federation.clients import Client, Context, to_tensor
+from pipeline.train.engine import Trainer, run_round
+from pipeline.train.executors import SequentialExecutor
+from pipeline.results.store import ResultsDB
 
 # -- aggregation and prototypes -------------------------------------------------------------
 

@@ -7,14 +7,14 @@ import torch.nn.functional as F
 
 from conftest import with_section
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.feddkc import kkr
-from pipeline.algorithms.fedict import FedICTClient
-from pipeline.algorithms.gkt import label_distribution
-from pipeline.algorithms.base import Step
-from pipeline.engine import Trainer
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.feddkc.method import kkr
+from pipeline.methods.fedict.method import FedICTClient
+from pipeline.methods.gkt import label_distribution
+from pipeline.federation.contract import Step
+from pipeline.train.engine import Trainer
 from pipeline.errors import ConfigError
-from pipeline.results import RunResultsDB
+from pipeline.results.store import RunResultsDB
 
 
 def _trainer(name, params, part, mnist, hetero=False):
@@ -112,7 +112,7 @@ def test_fedict_server_weights_typical_clients_more(tiny_workspace, mnist):
             label_distribution(up["labels"], method.ctx.num_classes), d, dim=0)))
     out, logits = torch.randn(2, 10), torch.randn(2, 10)
     rows = method.server_kd_rows(out, logits, torch.tensor([0, 1]))
-    from pipeline.losses import kd_rows
+    from pipeline.federation.losses import kd_rows
 
     base = kd_rows(out, logits, params.fedict.T)
     torch.testing.assert_close(rows, params.fedict.lambda_ * (1 + method.similarity[[0, 1]]) * base)

@@ -23,7 +23,7 @@ def test_features_and_logits(channels, size):
 
 def test_hetero_cycle_is_a1_a2_a3():
     from pipeline.config import parse_params
-    from pipeline.clients import model_name
+    from pipeline.federation.clients import model_name
 
     params = parse_params({"train": {"model": "resnet16"}})
     assert [model_name(params, i, hetero=True) for i in range(6)] == ["resnet8", "resnet16", "resnet20"] * 2

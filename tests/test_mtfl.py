@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fedavg import weighted_average
-from pipeline.algorithms.mtfl import MTFLClient, private_names, shared_state
-from pipeline.comm import Payload
-from pipeline.engine import Trainer
-from pipeline.results import RunResultsDB
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.fedavg.method import weighted_average
+from pipeline.methods.mtfl.method import MTFLClient, private_names, shared_state
+from pipeline.federation.ledger import Payload
+from pipeline.train.engine import Trainer
+from pipeline.results.store import RunResultsDB
 from models.resnet import build_model
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.cache.neighbours import NeighbourError, build_relations, label_neighbours
+from pipeline.index.neighbours import NeighbourError, build_relations, label_neighbours
 from pipeline.config import IndexParams
 
 
@@ -162,7 +162,7 @@ def test_hamming_on_real_simhash_codes_finds_same_label_neighbours(mnist):
     # end to end on real digits: simhash codes, Hamming search across labels agrees with brute force
     # and most neighbours share the label (the float path is unchanged: see the tests above)
     from pipeline.config import EncodeParams
-    from pipeline.encoder import build_encoder, encode
+    from pipeline.index.encoder import build_encoder, encode
 
     x, y = mnist.train_x[:300], mnist.train_y[:300]
     codes = encode(build_encoder(EncodeParams(encoder="simhash", bits=256), x.shape[1:], 0), x, 100)

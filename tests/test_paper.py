@@ -3,8 +3,9 @@
 import pytest
 
 from conftest import REPO_ROOT
-from pipeline import paper, presets
-from pipeline.algorithms import REGISTRY
+from pipeline.experiments import presets
+from pipeline.results import paper
+from pipeline.methods.registry import REGISTRY
 from pipeline.errors import InputFileError
 
 
@@ -35,7 +36,7 @@ def test_a_bad_figures_file_names_file_line_and_column(tmp_path, text, says):
 
 
 def test_the_report_puts_the_papers_figures_beside_the_measured_rows(tmp_path):
-    from pipeline.report import format_paper_table, write_outputs
+    from pipeline.results.report import format_paper_table, write_outputs
 
     row = {"algorithm": "fedcache", "setting": "homo", "rounds": 10, "maua": 0.7334, "final_acc": 0.73,
            "bytes_total": 26_208_000, "bytes_setup": 15_648_000, "bytes_training": 10_560_000, "target_acc": 0.75,

@@ -6,7 +6,7 @@ import yaml
 from dvc.utils.serialize import modify_yaml
 
 from conftest import REPO_ROOT
-from pipeline import presets
+from pipeline.experiments import presets
 from pipeline.config import load_params
 
 

@@ -1,4 +1,4 @@
-"""Tests for pipeline.partition on label arrays only (no images): sizes, grouping, label mixes,
+"""Tests for pipeline.data.partition on label arrays only (no images): sizes, grouping, label mixes,
 determinism, bounded retries, the pathological scheme, save/load and stats."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import PartitionParams
-from pipeline.partition import Partition, PartitionError, make_partition, partition_stats, write_stats
+from pipeline.data.partition import Partition, PartitionError, make_partition, partition_stats, write_stats
 
 C = 10  # classes in the synthetic labels (10 x 600 train, 10 x 100 test; see conftest)
 
@@ -290,7 +290,7 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
                     reason=f"Fashion-MNIST not installed at {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
 def test_real_fashion_mnist_labels_with_the_default_params(repo_root):
     from pipeline.config import load_params
-    from pipeline.data import load_dataset
+    from pipeline.data.datasets import load_dataset
 
     ds = load_dataset("fashion_mnist", repo_root / "data" / "raw")
     assert len(ds.train_y) == 60000 and len(ds.test_y) == 10000 and ds.num_classes == 10

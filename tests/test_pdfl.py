@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.pdfl import (attention_weights, calibrate, init_projections, internal_teacher,
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.pdfl.method import (attention_weights, calibrate, init_projections, internal_teacher,
                                       mixture_nll, model_state, ranked, train_attention)
 from pipeline.config import ConfigError, PDFLParams
-from pipeline.engine import Trainer
-from pipeline.losses import soft_kd_rows
-from pipeline.results import ResultsDB
-from pipeline.topology import Topology, is_connected
+from pipeline.train.engine import Trainer
+from pipeline.federation.losses import soft_kd_rows
+from pipeline.results.store import ResultsDB
+from pipeline.methods.pdfl.topology import Topology, is_connected
 
 
 # -- topology ------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_default_and_paper_topologies_draw_within_max_redraws(preset, K, degree)
 
 
 def test_paper_preset_is_a_valid_params_override():
-    from pipeline.presets import check
+    from pipeline.experiments.presets import check
 
     from conftest import REPO_ROOT
 
@@ -363,7 +363,7 @@ def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
 def test_heterogeneous_models_are_refused():
     from types import SimpleNamespace
 
-    from pipeline.algorithms.pdfl import PDFL
+    from pipeline.methods.pdfl.method import PDFL
 
     with pytest.raises(ConfigError, match="train.hetero_algorithms"):
         PDFL(SimpleNamespace(hetero=True))

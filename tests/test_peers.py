@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fd import leave_one_out
-from pipeline.losses import soft_ce_rows
-from pipeline.algorithms.fedavg import weighted_average
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.fd.method import leave_one_out
+from pipeline.federation.losses import soft_ce_rows
+from pipeline.methods.fedavg.method import weighted_average
 from pipeline.config import ConfigError
-from pipeline.engine import Trainer
-from pipeline.results import ResultsDB
+from pipeline.train.engine import Trainer
+from pipeline.results.store import ResultsDB
 
 
 def test_fd_leave_one_out_with_a_class_held_by_one_client():

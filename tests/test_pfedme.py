@@ -6,12 +6,12 @@ import torch
 
 from conftest import with_section
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.algorithms.fedavg import state_copy
-from pipeline.algorithms.pfedme import PFedMeClient
-from pipeline.comm import Payload
-from pipeline.engine import SequentialExecutor, Trainer
-from pipeline.results import RunResultsDB
+from pipeline.methods.registry import REGISTRY
+from pipeline.methods.fedavg.method import state_copy
+from pipeline.methods.pfedme.method import PFedMeClient
+from pipeline.federation.ledger import Payload
+from pipeline.train.engine import SequentialExecutor, Trainer
+from pipeline.results.store import RunResultsDB
 
 
 def _trainer(params, part, mnist):
@@ -31,8 +31,8 @@ def test_w_follows_theta_after_every_step(tiny_workspace, mnist, float64):
     upload = SequentialExecutor.run_client(local, client, [Payload("params", glob)], 1)
 
     # by hand, from the same start and the same batches
-    from pipeline.clients import batch_order
-    from pipeline.losses import ce_rows
+    from pipeline.federation.clients import batch_order
+    from pipeline.federation.losses import ce_rows
 
     theta = trainer.ctx.clients[1].model  # a scratch model of the same architecture
     theta.load_state_dict(glob)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT
-from pipeline import presets
+from pipeline.experiments import presets
 from pipeline.config import ConfigError, parse_params
 
 PRESETS = REPO_ROOT / "presets"
@@ -65,6 +65,6 @@ def test_run_passes_the_flags_then_the_extra_ones_to_dvc_exp_run(tmp_path):
 
 
 def test_the_cli_refuses_an_unknown_preset_with_the_list():
-    out = subprocess.run([sys.executable, "-m", "pipeline.presets", "run", "nope"], cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "pipeline.experiments.presets", "run", "nope"], cwd=REPO_ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "no preset 'nope'" in out.stderr and "fedcache_paper" in out.stderr

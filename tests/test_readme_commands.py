@@ -42,7 +42,7 @@ import pytest
 import yaml
 
 from conftest import PLAIN_PATH, REPO_ROOT, TINY_REPO
-from pipeline import presets
+from pipeline.experiments import presets
 
 README = REPO_ROOT / "README.md"
 DOCS = REPO_ROOT / "docs"
@@ -64,16 +64,16 @@ PLAN: list[tuple[str, str, str]] = [
     (r"make run", "run", "dvc repro (nothing left to do) and the summary"),
     (r"\.venv/bin/python -m flows\.train \S+", "run", "a training stage by hand"),
     (r"\.venv/bin/dvc repro -s -f train@\S+", "run", "one training stage again, forced"),
-    (r"\.venv/bin/python -m pipeline\.results rebuild", "run", "the results index from the runs' own files"),
+    (r"\.venv/bin/python -m pipeline\.results\.store rebuild", "run", "the results index from the runs' own files"),
     (r"\.venv/bin/dvc exp run -S train\.executor=dask .*", "excluded",
      "every training stage again, each on a local Dask cluster (minutes on 2 cores); tests/test_dask_executor.py "
      "runs the executor on one, and on a scheduler and workers started as separate processes"),
     (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
-    (r"\.venv/bin/python -m pipeline\.presets run \S+", "shrunk", "a preset at the paper's scale"),
-    (r"\.venv/bin/python -m pipeline\.presets (list|show \S+)", "run", ""),
-    (r"\.venv/bin/python -m pipeline\.sweeps (list|show \S+)", "run", ""),
-    (r"\.venv/bin/python -m pipeline\.paper", "run", "prints the paper's figures"),
-    (r"\.venv/bin/python -m pipeline\.sweeps run \S+", "excluded",
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets run \S+", "shrunk", "a preset at the paper's scale"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.experiments\.sweeps (list|show \S+)", "run", ""),
+    (r"\.venv/bin/python -m pipeline\.results\.paper", "run", "prints the paper's figures"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.sweeps run \S+", "excluded",
      "3 to 5 experiments at the default scale (an hour or more on 2 cores); tests/test_dvc_pipeline.py runs the same command on "
      "a 2-value sweep of the tiny setting with 2 jobs"),
     (r"make dashboard( .*)?", "serve", "a server that runs until stopped"),
@@ -103,7 +103,7 @@ SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_pe
 def shrink_flags(cmd: str) -> list[str]:
     """SHRINK, keeping the heterogeneous runs of a preset that has no homogeneous ones (Table 6's):
     emptying both lists would leave nothing to train, which the params refuse."""
-    match = re.search(r"pipeline\.presets run (\S+)", cmd)
+    match = re.search(r"pipeline\.experiments\.presets run (\S+)", cmd)
     flat = presets.check(match.group(1), REPO_ROOT / "params.yaml", REPO_ROOT / "presets") if match else {}
     if flat.get("train.algorithms") == []:  # a preset that leaves the key out keeps params.yaml's list
         return [f for f in SHRINK if not f.startswith("train.hetero_algorithms=")]
@@ -215,7 +215,7 @@ def test_every_readme_command_is_planned_and_its_params_are_valid(default_params
     assert any(cmd == ".venv/bin/dvc repro" for cmd, _, _ in planned)  # the reading works at all
     # the values the README tells people to set are valid params (what the shrunk run does not use)
     for cmd, how, _ in planned:
-        if how == "shrunk" and "pipeline.presets" in cmd:
+        if how == "shrunk" and "pipeline.experiments.presets" in cmd:
             presets.check(shlex.split(cmd)[-1], REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
         elif how == "shrunk":
             flags = [t for flag, t in zip(shlex.split(cmd), shlex.split(cmd)[1:]) if flag == "-S"]
@@ -314,15 +314,15 @@ def _planned_runs() -> list[tuple[str, str, str]]:
 
 
 # commands that leave the built repository as it was: no restore after them
-READ_ONLY = re.compile(r"\.venv/bin/dvc (repro|metrics show)|\.venv/bin/python -m (pipeline\.(presets|sweeps) (list|show)"
-                       r"|pipeline\.paper)\b.*")
+READ_ONLY = re.compile(r"\.venv/bin/dvc (repro|metrics show)|\.venv/bin/python -m (pipeline\.experiments\.(presets|sweeps) (list|show)"
+                       r"|pipeline\.results\.paper)\b.*")
 
 # each command's bound, seconds: at least three times what it took on a 2-core machine
 BOUND_S = {"run": 600, "shrunk": 900, "serve": 300, "help": 300, "tmpdir": 300}
 
 
 def test_the_readme_lists_every_method_of_the_registry_with_its_docs_page():
-    from pipeline.algorithms import REGISTRY
+    from pipeline.methods.registry import REGISTRY
 
     section = README.read_text().split("## Methods", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^- \[`(\w+)`\]\((docs/methods/\w+\.md)\)", section, flags=re.M)
@@ -382,9 +382,9 @@ def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> Non
     elif cmd.startswith(".venv/bin/dvc exp run"):
         assert "Running stage 'train@fedcache'" in text, text  # train.eval_every changed: it reran
         assert "Running stage 'partition'" not in text, text  # the shrink put the data knobs back
-    elif cmd.startswith(".venv/bin/python -m pipeline.presets run"):
+    elif cmd.startswith(".venv/bin/python -m pipeline.experiments.presets run"):
         assert "Ran experiment(s)" in text, text  # what reran depends on the preset
-    elif cmd.startswith(".venv/bin/python -m pipeline.presets show"):
+    elif cmd.startswith(".venv/bin/python -m pipeline.experiments.presets show"):
         assert "dvc exp run -S" in text, text
     elif cmd == "make clean":
         assert not (repo / "data/partition").exists() and not (repo / "results/report").exists()

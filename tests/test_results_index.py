@@ -15,9 +15,9 @@ import pytest
 
 from conftest import make_workspace
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.engine import Trainer
-from pipeline.results import TABLES, ResultsError, RunResultsDB, main as results_cli, rebuild_index, run_files
+from pipeline.methods.registry import REGISTRY
+from pipeline.train.engine import Trainer
+from pipeline.results.store import TABLES, ResultsError, RunResultsDB, main as results_cli, rebuild_index, run_files
 
 RUNS = [("fedcache", False), ("local", False), ("local", True)]
 GARBAGE = bytes(range(256)) * 64  # 16 KiB that are no DuckDB file

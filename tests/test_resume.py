@@ -26,7 +26,7 @@ def _start(cwd):
 
 def _checkpoint_round(path):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)["round"]  # plain data only (pipeline/checkpoint.py)
+        return torch.load(path, map_location="cpu", weights_only=True)["round"]  # plain data only (pipeline/train/checkpoint.py)
     except Exception:  # not there yet
         return -1
 

@@ -18,10 +18,12 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT, make_workspace
-from pipeline import experiments, paths, sweeps
+from pipeline import paths
+from pipeline.experiments import dvc as experiments
+from pipeline.experiments import sweeps
 from pipeline.config import ConfigError, load_params
-from pipeline.experiments import Experiment
-from pipeline.results import TABLES, rebuild_index, run_files
+from pipeline.experiments.dvc import Experiment
+from pipeline.results.store import TABLES, rebuild_index, run_files
 
 
 def test_the_paper_ablation_sweeps_plan_one_experiment_per_value(monkeypatch):
@@ -107,7 +109,7 @@ train_flow(sys.argv[1])
 PUBLISH = """
 import sys, time
 from pathlib import Path
-from pipeline.experiments import Experiment, publish
+from pipeline.experiments.dvc import Experiment, publish
 go = Path(sys.argv[3])
 while not go.exists():
     time.sleep(0.01)

@@ -12,8 +12,8 @@ import sys
 from conftest import REPO_ROOT
 
 SERVICE_LIBRARIES = ["prefect", "dvc", "duckdb", "pydantic", "sqlalchemy", "faiss", "networkx", "yaml", "streamlit"]
-CORE = ["pipeline.engine", "pipeline.executors", "pipeline.grouped", "pipeline.algorithms", "pipeline.data",
-        "pipeline.partition", "pipeline.cache.knowledge", "bench.torch_harness"]
+CORE = ["pipeline.train.engine", "pipeline.train.executors", "pipeline.train.grouped", "pipeline.methods.registry", "pipeline.data.datasets",
+        "pipeline.data.partition", "pipeline.methods.fedcache.knowledge", "bench.torch_harness"]
 
 BLOCKER = """
 import importlib.abc, sys

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from pipeline import paths
-from pipeline.algorithms import REGISTRY
-from pipeline.cache import store
-from pipeline.data import load_dataset
-from pipeline.engine import Trainer
-from pipeline.results import ResultsDB, RunResultsDB
+from pipeline.methods.registry import REGISTRY
+from pipeline.index import store
+from pipeline.data.datasets import load_dataset
+from pipeline.train.engine import Trainer
+from pipeline.results.store import ResultsDB, RunResultsDB
 
 
 def _run(params, part, algorithm, mnist):
@@ -115,7 +115,7 @@ def test_results_file_from_before_peer_id_is_upgraded_in_place(tmp_path):
 
 
 def test_ledger_totals_by_round_direction_and_setup():
-    from pipeline.comm import Ledger, Payload
+    from pipeline.federation.ledger import Ledger, Payload
 
     ledger = Ledger()
     ledger.record(0, 1, "up", Payload("hashes", {"codes": np.zeros(10, np.float16)}))  # 20 B set-up

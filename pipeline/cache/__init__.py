@@ -1,1 +1,0 @@
-"""The knowledge cache: the neighbour index (faiss) and its SQL store (SQLAlchemy)."""

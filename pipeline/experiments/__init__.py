@@ -1,0 +1,1 @@
+"""Experiment orchestration: presets, sweeps and the DVC experiment helpers."""

@@ -1,0 +1,134 @@
+"""Client state and the data each client holds: what a method's client half works on.
+
+A Client is one user's device: its model, its optimizer state, its own training and test
+samples (with their global sample ids) and a small dict of method-specific state that lives
+on the client (e.g. FedProto's copy of the server's reconstruction of its uploads). It is
+everything that would travel if the client trained elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.resnet import HETERO_CYCLE, build_model
+from pipeline.federation.ledger import Ledger
+from pipeline.data.datasets import ImageDataset
+from pipeline.data.partition import Partition
+from pipeline.seeds import torch_generator
+
+if TYPE_CHECKING:  # the training core runs without the config library (bench/gpu_check.sh)
+    from pipeline.config import Params
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """uint8 [n,H,W] / [n,H,W,3] -> float [n,C,H,W] scaled to [-1, 1]."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(127.5).sub_(1.0)
+    return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
+
+
+@dataclass
+class Client:
+    id: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    ids: torch.Tensor  # global sample ids of the training samples (CPU), travel with each batch
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    state: dict[str, torch.Tensor] = field(default_factory=dict)  # method-specific state kept on the client
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def new_optimizer(self) -> None:
+        """A fresh SGD over the model's current parameters (after a method replaced the model)."""
+        old = self.optimizer.defaults
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=old["lr"], momentum=old["momentum"],
+                                         weight_decay=old["weight_decay"])
+
+
+def model_name(params: Params, client_id: int, hetero: bool) -> str:
+    return HETERO_CYCLE[client_id % len(HETERO_CYCLE)] if hetero else params.train.model
+
+
+def build_clients(params: Params, part: Partition, ds: ImageDataset, device: torch.device,
+                  hetero: bool = False) -> list[Client]:
+    clients = []
+    t = params.train
+    for k in range(part.num_clients):
+        with torch.random.fork_rng(devices=[]):
+            # the same client gets the same initial weights in every algorithm
+            torch.manual_seed(int(torch_generator(params.seed, "init", k).initial_seed()))
+            model = build_model(model_name(params, k, hetero), ds.channels, ds.num_classes).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
+        clients.append(Client(
+            id=k, model=model, optimizer=opt,
+            x_train=to_tensor(ds.train_x[part.client_train(k)]).to(device),
+            y_train=torch.from_numpy(part.train_labels[lo:hi]).to(device),
+            ids=torch.arange(lo, hi),
+            x_test=to_tensor(ds.test_x[part.client_test(k)]).to(device),
+            y_test=torch.from_numpy(part.test_labels[part.test_offsets[k]:part.test_offsets[k + 1]]).to(device),
+        ))
+    return clients
+
+
+def batch_order(client: Client, round_: int, params: Params, stream: int = 0) -> list[torch.Tensor]:
+    """The local sample indices of each of a client's batches in one pass (train.local_epochs
+    epochs), seeded by (round, client, pass): nothing depends on loader or executor order.
+
+    No sample is dropped: when the batch size does not divide the client's samples, the
+    epoch's *first* batch is the partial one. Then every client's partial batch falls on the
+    same step of the vectorized executor (the only step that needs masked statistics), rather
+    than on a different last step for each client size."""
+    t = params.train
+    n, b = client.num_train, t.batch_size
+    sizes = ([n % b] if n % b else []) + [b] * (n // b)
+    out = []
+    for epoch in range(t.local_epochs):
+        gen = torch_generator(params.seed, "batches", round_, client.id, stream * t.local_epochs + epoch)
+        out += list(torch.split(torch.randperm(n, generator=gen), sizes))
+    return out
+
+
+@torch.inference_mode()
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
+    """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(y), batch_size):
+        pred = model(x[start : start + batch_size]).argmax(dim=1)
+        correct += int((pred == y[start : start + batch_size]).sum())
+    return (correct / len(y) if len(y) else float("nan")), len(y)
+
+
+def evaluate(clients: list[Client], batch_size: int) -> list[tuple[int, float, int]]:
+    """(client, accuracy of its own model on its own test split, n_test) for every client."""
+    return [(c.id, *evaluate_model(c.model, c.x_test, c.y_test, batch_size)) for c in clients]
+
+
+@dataclass
+class Context:
+    """What a method's server half may use: the clients, params, the data layout and where to put files."""
+
+    params: Params
+    clients: list[Client]
+    ledger: Ledger
+    partition: Partition
+    device: torch.device
+    run_dir: Path
+    num_classes: int
+    hetero: bool = False

@@ -1,0 +1,1 @@
+"""The fd method (method.py)."""

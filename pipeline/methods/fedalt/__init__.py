@@ -1,0 +1,1 @@
+"""The fedalt method (method.py)."""

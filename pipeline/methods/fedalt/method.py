@@ -1,0 +1,237 @@
+"""FedAlt: partial block-wise models with block-level self-distillation.
+
+The model is the multi-exit ResNet-20 of models/multiexit.py (M = 3 blocks, each with its
+own exit), fixed by the method whatever `train.model` says; every client's model is replaced
+by it here, all from one seeded initialization (the initial global model). Homogeneous only.
+
+One round r, for each selected client k:
+  1. distribution: on rounds that are multiples of tau+1 the server sends every client the
+     whole global model; on the other rounds it sends client k the first m_k blocks
+     (parameters, BN buffers and the blocks' exits), m_k from the client's capacity:
+       compute tier c_k in {1, 2, 3}: drawn once per client from `capacity` (seeded stream
+           "fedalt_capacity" per client), the blocks it can train with the global model;
+       link: congested in round r with probability `congestion` (seeded stream "fedalt_link"
+           per (round, client)), which costs one block: m_k = max(1, c_k - 1); else m_k = c_k.
+     (The paper writes m = 0 for "the whole model" and m in 1..M-1 otherwise; here m = M.)
+  2. combination: the client overwrites its first m_k blocks with them and keeps its own later
+     blocks (a full-model round replaces everything); the SGD momentum of overwritten
+     parameters is dropped, the rest of the optimizer state is kept;
+  3. local training, one pass over the client's batches (pipeline/federation/clients.py: batch_order), on
+        CE(final, y) + sum_exits [CE(exit, y) + lambda_r * SD(exit, final)]
+     with SD the block-level self-distillation (T^2-scaled KL at temperature T):
+        two_way: KL(final/T || exit/T) with the final output detached (trains the exit) +
+                 KL(exit/T || final/T) with the exit detached (trains the final output);
+        one_way: only the first term.
+     lambda_r = lambda * min(1, r / distill_warmup) (just lambda when distill_warmup = 0);
+  4. upload: its whole trained local model, all 3 blocks, every round (the paper's x_k^t).
+The server then averages every block over the clients that uploaded it (every selected
+client), weighted by their sample counts; a block nobody uploaded keeps its global value.
+
+Bytes: one payload per block per direction, ledger kinds "block1", "block2", "block3"
+(the nbytes of that block's state_dict tensors, num_batches_tracked included).
+
+Accuracy: each client's own (combined, trained) model, final exit, on its own test split;
+the per-exit means are stored as round metrics `acc_exit1`, `acc_exit2`, `acc_exit3`, and the
+global model's (final exit) mean accuracy over the clients' test splits as `acc_global`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
+from pipeline.federation.contract import LocalUpdate, Method, Phase, Upload
+from pipeline.methods.fedavg.method import weighted_average
+from pipeline.federation.clients import Context, evaluate_model
+from pipeline.federation.ledger import Payload
+from pipeline.federation.losses import ce_rows, kd_rows
+from pipeline.seeds import rng, torch_generator
+
+if TYPE_CHECKING:
+    from pipeline.config import FedAltParams
+
+
+def full_round(tau: int, round_: int) -> bool:
+    """The whole global model goes to every client on rounds that are multiples of tau+1."""
+    return round_ % (tau + 1) == 0
+
+
+def compute_tier(cfg: FedAltParams, seed: int, client: int) -> int:
+    """Client k's compute tier (1..M blocks), drawn once from `capacity` on the client's own stream."""
+    return int(rng(seed, "fedalt_capacity", client).choice(NUM_BLOCKS, p=cfg.capacity)) + 1
+
+
+def congested(cfg: FedAltParams, seed: int, round_: int, client: int) -> bool:
+    """Whether client k's link is congested in this round (seeded per (round, client))."""
+    return bool(rng(seed, "fedalt_link", round_, client).random() < cfg.congestion)
+
+
+def blocks_sent(cfg: FedAltParams, seed: int, round_: int, client: int) -> int:
+    """m_k: how many leading blocks client k receives in a round (NUM_BLOCKS: the whole model)."""
+    if full_round(cfg.tau, round_):
+        return NUM_BLOCKS
+    tier = compute_tier(cfg, seed, client)
+    return max(1, tier - 1) if congested(cfg, seed, round_, client) else tier
+
+
+def distill_weight(cfg: FedAltParams, round_: int) -> float:
+    """lambda in this round: ramped linearly over the first `distill_warmup` rounds (if any)."""
+    if cfg.distill_warmup:
+        return cfg.lambda_ * min(1.0, round_ / cfg.distill_warmup)
+    return cfg.lambda_
+
+
+def combine(model: torch.nn.Module, received: dict[str, torch.Tensor]) -> None:
+    """Overwrite the model's tensors of the received blocks (each block complete); keep the rest."""
+    blocks = {block_of(n) for n in received}
+    own = model.state_dict()
+    missing = [n for n in own if block_of(n) in blocks and n not in received]
+    if missing:
+        raise ValueError(f"incomplete block(s) received, missing {missing[:3]}")
+    with torch.no_grad():
+        for n, t in received.items():
+            own[n].copy_(t)
+
+
+def aggregate(global_state: dict[str, torch.Tensor], uploads: list[tuple[dict[int, dict[str, torch.Tensor]], float]]
+              ) -> dict[str, torch.Tensor]:
+    """uploads: (block -> that block's state, weight) per client. Each block becomes the weighted
+    mean over the clients that uploaded it; blocks nobody uploaded keep their global value."""
+    new = dict(global_state)
+    for b in range(1, NUM_BLOCKS + 1):
+        states = [(blocks[b], w) for blocks, w in uploads if b in blocks]
+        if states:
+            new.update(weighted_average([s for s, _ in states], [w for _, w in states]))
+    return new
+
+
+def fedalt_loss_rows(outputs: list[torch.Tensor], y: torch.Tensor, lam: float, T: float,
+                     two_way: bool = True) -> torch.Tensor:
+    """Per row: CE on the final output + CE on every exit + lambda * self-distillation between
+    every exit and the final output (two_way: both directions, each with its teacher detached;
+    one_way: the exit toward the detached final output only)."""
+    final = outputs[-1]
+    rows = ce_rows(final, y)
+    for out in outputs[:-1]:
+        rows = rows + ce_rows(out, y)
+        if lam:
+            sd = kd_rows(out, final.detach(), T)
+            if two_way:
+                sd = sd + kd_rows(final, out.detach(), T)
+            rows = rows + lam * sd
+    return rows
+
+
+@dataclass(frozen=True)
+class DistillPhase(Phase):
+    """FedAlt's one training pass, carrying the round's distillation weight to `loss`."""
+
+    lam: float = 0.0
+
+
+class FedAltClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.cfg = params.fedalt
+
+    def phases(self, round_):
+        return [DistillPhase(lam=distill_weight(self.cfg, round_))]
+
+    def begin(self, client, download, round_):
+        """Combination: overwrite the received blocks, keep the rest; drop stale momentum of replaced weights."""
+        received = {}
+        for p in download:
+            received.update(p.arrays)
+        combine(client.model, received)
+        replaced = {block_of(n) for n in received}
+        for name, param in client.model.named_parameters():
+            if block_of(name) in replaced:
+                client.optimizer.state.pop(param, None)
+        return {}
+
+    def loss(self, model, step, phase):
+        return fedalt_loss_rows(model.forward_all(step.x), step.y, phase.lam, self.cfg.T,
+                                two_way=self.cfg.distill == "two_way")
+
+    def end(self, client, targets, records, round_):
+        """Upload the whole trained local model, one payload per block."""
+        state = client.model.state_dict()
+        return Upload([Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
+                       for b in range(1, NUM_BLOCKS + 1)], {"weight": float(client.num_train)})
+
+
+class FedAlt(Method):
+    name = "fedalt"
+    homogeneous_only = True
+    client_cls = FedAltClient
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        p = ctx.params
+        self.cfg = p.fedalt
+        in_channels = ctx.clients[0].x_train.shape[1]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch_generator(p.seed, "init", 0).initial_seed()))
+            model = build_multiexit(in_channels, ctx.num_classes)
+        self.global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        self.global_model = None  # built lazily for the acc_global reading
+        for client in ctx.clients:  # every client starts from the one global model
+            client.model = copy.deepcopy(model).to(ctx.device)
+            client.new_optimizer()
+
+    def blocks_sent(self, round_: int, client: int) -> int:
+        return blocks_sent(self.cfg, self.ctx.params.seed, round_, client)
+
+    def configure(self, round_, selected):
+        """Distribution: the first m_k blocks of the global model to each selected client."""
+        return {k: [Payload(f"block{b}", block_state(self.global_state, b))
+                    for b in range(1, self.blocks_sent(round_, k) + 1)]
+                for k in selected}
+
+    def aggregate(self, round_, uploads):
+        self.global_state = aggregate(self.global_state, [
+            ({int(p.kind.removeprefix("block")): p.arrays for p in up.payloads}, up.kept["weight"])
+            for up in uploads.values()])
+
+    def _global_model(self) -> torch.nn.Module:
+        """The global model (one module, reloaded from global_state); normal tensors even when
+        called under inference mode, so it can be reloaded outside it."""
+        with torch.inference_mode(False), torch.no_grad():
+            if self.global_model is None:
+                self.global_model = copy.deepcopy(self.ctx.clients[0].model)
+            self.global_model.load_state_dict(self.global_state)
+        return self.global_model
+
+    @torch.inference_mode()
+    def evaluate(self, round_: int):
+        """Rows from the final exit (what model(x) returns); per-exit mean accuracies and the
+        global model's mean accuracy on the clients' test splits as extras."""
+        bs = self.ctx.params.train.eval_batch_size
+        rows, per_exit = [], [[] for _ in range(NUM_BLOCKS)]
+        for c in self.ctx.clients:
+            c.model.eval()
+            correct = torch.zeros(NUM_BLOCKS, dtype=torch.long, device=c.y_test.device)
+            for start in range(0, len(c.y_test), bs):
+                y = c.y_test[start : start + bs]
+                outs = c.model.forward_all(c.x_test[start : start + bs])
+                correct += torch.stack([(o.argmax(dim=1) == y).sum() for o in outs])
+            n = len(c.y_test)
+            accs = (correct.cpu().double() / n).tolist() if n else [float("nan")] * NUM_BLOCKS
+            rows.append((c.id, accs[-1], n))
+            for i, a in enumerate(accs):
+                per_exit[i].append(a)
+        extras = {f"acc_exit{i + 1}": sum(a) / len(a) for i, a in enumerate(per_exit)}
+        model = self._global_model()
+        glob = [evaluate_model(model, c.x_test, c.y_test, bs)[0] for c in self.ctx.clients]
+        extras["acc_global"] = sum(glob) / len(glob)
+        return rows, extras
+
+    def state_dict(self) -> dict:
+        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.global_state = {n: t.clone() for n, t in state["global"].items()}

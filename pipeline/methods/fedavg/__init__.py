@@ -1,0 +1,1 @@
+"""The fedavg method (method.py)."""

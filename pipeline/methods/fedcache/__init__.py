@@ -1,0 +1,1 @@
+"""The fedcache method (method.py)."""

@@ -1,0 +1,162 @@
+"""FedCache: sample-level knowledge from a server-side cache of neighbours' logits.
+
+Set-up (round 0): each client uploads (sample ids, labels, hash codes) once; the server
+already holds the relation table built by the index stage (data/cache/cache.db).
+
+Each round, each selected client trains one local epoch on
+    CE(student, y) + beta * T^2 * KL(softmax(teacher/T) || softmax(student/T)),
+the teacher of a sample being the mean of the latest cached logits of its R neighbours
+(pipeline/methods/fedcache/knowledge.py). When the teacher is read depends on `consistency`:
+  live   per batch, through the per-step exchange hook: the client uploads the batch's logits
+         and gets back its teachers as the cache is now (the official code; sequential executor);
+  step   the same per-batch exchange, but all clients take each local step together and read
+         the cache as it stood after the previous step (vectorized executor);
+  round  the download carries the teachers of all the client's samples from the round-start
+         cache; the upload carries each sample's logits from its (last) training step.
+At the end of the round the knowledge table of the SQL store is written in one transaction.
+
+Bytes with C classes: per sample and visit, up = 8 (int64 id) + 4C (float32 logits), down = 4C
+(float32 teacher); with one local epoch every consistency sends the same bytes. Set-up: n*8
+(ids) + n*8 (labels) + n*d*s (codes of dimension d stored with s bytes per value).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import torch
+
+from pipeline import paths
+from pipeline.federation.contract import LocalUpdate, Method, Upload
+from pipeline.index.hashes import load_hashes
+from pipeline.methods.fedcache.knowledge import KnowledgeCache
+from pipeline.federation.clients import Context
+from pipeline.federation.ledger import Payload
+from pipeline.federation.losses import ce_rows, kd_rows
+
+
+class FedCacheClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.fedcache
+        self.uses_exchange = self.p.consistency != "round"
+
+    def begin(self, client, download, round_):
+        if self.p.consistency != "round":
+            return {}
+        (knowledge,) = download
+        return {"teacher": knowledge.arrays["teacher"].to(client.x_train.device)}
+
+    def loss(self, model, step, phase):
+        logits = model(step.x)
+        if "teacher" in step.t:  # round: from the download
+            teacher = step.t["teacher"]
+            step.record("logits", logits)
+        else:  # live / step: upload this batch's logits, get back its teachers
+            teacher = step.exchange(Payload("logits", {"sample_ids": step.ids, "logits": logits.detach()}))["teacher"]
+        return ce_rows(logits, step.y) + self.p.beta * kd_rows(logits, teacher, self.p.T)
+
+    def end(self, client, targets, records, round_):
+        if "logits" not in records:
+            return Upload()
+        idx, logits = records["logits"]
+        visit = torch.arange(len(idx))
+        # a sample visited more than once (local_epochs > 1) sends the logits of its last visit
+        latest = torch.full((client.num_train,), -1, dtype=torch.long).scatter_reduce(0, idx, visit, "amax")
+        sent = idx[latest[idx] == visit]
+        order = latest[sent]
+        return Upload([Payload("logits", {"sample_ids": client.ids[sent], "logits": logits[order.to(logits.device)].cpu()})])
+
+
+class FedCache(Method):
+    name = "fedcache"
+    client_cls = FedCacheClient
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.p = ctx.params.fedcache
+        relations = self.load_relations()  # the server's IR map
+        self.cache = KnowledgeCache(torch.from_numpy(relations), ctx.num_classes, self.p.consistency, self.p.cold_start)
+        self.db = self.open_store()
+
+    # The SQL store (SQLAlchemy) is imported where it is used, so the training core runs without it
+    # (bench/gpu_check.sh overrides these two on a machine with torch and numpy only).
+
+    def load_relations(self) -> np.ndarray:
+        from pipeline.index import store
+
+        source_db = self.ctx.params.cache_db_path
+        relations = store.read_relations(source_db)
+        if len(relations) != self.ctx.partition.num_train:
+            raise store.CacheStoreError(f"{source_db} holds {len(relations)} samples, the partition "
+                                        f"{self.ctx.partition.num_train}: rerun dvc repro index")
+        return relations
+
+    def open_store(self):
+        """The run's own copy of the cache DB (the index stage's output stays untouched)."""
+        from pipeline.index import store
+
+        db_path = self.ctx.run_dir / "cache.db"
+        shutil.copyfile(self.ctx.params.cache_db_path, db_path)
+        return store.engine_for(db_path)
+
+    @classmethod
+    def inputs(cls):
+        return [paths.PARTITION, paths.RELATIONS]
+
+    @classmethod
+    def vectorized_unsupported(cls, params):
+        if params.fedcache.consistency == "live":
+            return ("fedcache.consistency live lets each batch read what earlier clients wrote in the same round, "
+                    "which is inherently one client after another; step or round consistency can be vectorized")
+        return None
+
+    def setup(self):
+        codes = load_hashes(paths.HASHES, self.ctx.partition.num_train)
+        labels = self.ctx.partition.train_labels
+        uploads = {}
+        for client in self.ctx.clients:
+            ids = client.ids.numpy()
+            uploads[client.id] = [Payload("hashes", {"sample_ids": ids, "labels": labels[ids], "codes": codes[ids]})]
+        return uploads
+
+    def configure(self, round_, selected):
+        self.cache.begin_round()
+        if self.p.consistency != "round":
+            return {k: [] for k in selected}
+        return {k: [Payload("knowledge", {"teacher": self.cache.fetch(self.ctx.clients[k].ids)})] for k in selected}
+
+    def exchange(self, round_, uploads):
+        downloads = {}
+        for k, up in uploads.items():
+            ids = up.arrays["sample_ids"]
+            downloads[k] = Payload("knowledge", {"teacher": self.cache.fetch(ids)})
+            self.cache.update(ids, up.arrays["logits"], round_)
+        return downloads
+
+    def end_step(self):
+        self.cache.end_step()
+
+    def aggregate(self, round_, uploads):
+        for up in uploads.values():
+            for p in up.payloads:
+                self.cache.update(p.arrays["sample_ids"], p.arrays["logits"], round_)
+
+    def end_round(self, round_: int) -> None:
+        self._persist(self.cache.updated_in == round_)
+
+    def _persist(self, mask: torch.Tensor) -> None:
+        from pipeline.index import store
+
+        ids = torch.nonzero(mask).flatten()
+        if self.db is not None and len(ids):
+            store.write_knowledge(self.db, ids.numpy(), self.cache.logits[ids].numpy(), self.cache.updated_in[ids].numpy())
+
+    def state_dict(self) -> dict:
+        return {"cache": self.cache.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cache.load_state_dict(state["cache"])
+        # the run's DB copy was re-made from the index output: bring its knowledge table up to date
+        self._persist(self.cache.updated_in >= 0)

@@ -1,0 +1,1 @@
+"""The feddkc method (method.py)."""

@@ -1,0 +1,1 @@
+"""The fedict method (method.py)."""

@@ -1,0 +1,1 @@
+"""The fedproto method (method.py)."""

@@ -1,0 +1,340 @@
+"""FedProto: per-class prototypes (mean penultimate features) instead of parameters or logits.
+
+One round, for each selected client k:
+  1. down: the global prototypes the server holds (class ids [c'] int64 + [c', D] float32);
+     nothing is sent before the first upload (round 1);
+  2. one local epoch on CE(head(f), y) + lambda * MSE(z, P[y]), z = the sample's feature f
+     (or adapter(f) with `align`), P[y] the global prototype of its label; samples whose
+     label has no global prototype contribute no MSE (the mean runs over B*D, as the
+     reference code, which substitutes the sample's own feature there);
+  3. an eval-mode pass over its training data: per-class prototypes (`prototype: mean`, or
+     the per-class torch.median of the features, `median`: the lower median for an even
+     count), class counts and, for `aggregation: confidence`, the classifier's per-class
+     accuracy on those same samples;
+  4. up: class ids [c] int64, counts [c] int64, prototypes [c, D] float32 (+ accuracies [c]
+     float32 for confidence). With `compress`, the prototypes travel as a compressed delta
+     (below) instead of the float32 matrix.
+After the round, the server aggregates per class over the *latest* upload of every client
+that ever uploaded (partial participation works; clients that never did contribute nothing):
+  count      weights = class counts (FedProto's weighted mean, the default)
+  uniform    every holder of the class counts once
+  confidence weights = softmax over the holders of their per-class accuracy (seed's guide).
+
+Evaluation (every client, own test split, one forward pass): accuracy of the local classifier
+and of the nearest global prototype (Euclidean, in the prototype space). The round figure
+uses `fedproto.eval`; both readings are stored as round metrics acc_classifier /
+acc_prototype. Prototype evaluation uses the server's current global prototypes (those
+aggregated at the end of this round, as the reference code evaluates); it is measurement,
+not traffic, so no bytes are counted for it.
+
+Extensions (each behind a param in params.yaml's fedproto section):
+- `prototype: median`: robust prototypes (per-class median instead of mean).
+- `aggregation: confidence`: softmax-of-accuracy weights, as above.
+- `align`: a feature-alignment adapter Linear(feature_dim, 128)-ReLU-Linear(128, align_dim)
+  per client maps its features into a shared prototype space of size align_dim, so clients
+  whose feature sizes differ still share prototypes; prototypes, the MSE term and
+  prototype-based evaluation then live in that space. The seed's guide puts the adapter on
+  the server, but a server has no data to train it on; here each client owns its adapter and
+  trains it jointly with its model (the adapter is a submodule `adapter` of the client's model,
+  so its own optimizer and checkpoint cover it) through the MSE term toward the global
+  prototypes. All adapters start from one seeded initialisation (the second layer is
+  identical on every client; the first is identical among clients with equal feature_dim),
+  so the clients' aligned spaces start out compatible. The adapter never leaves the client:
+  no bytes for it.
+- `compress`: each upload sends, per class, the delta to the previous upload's server
+  reconstruction r (zero at the start; client and server both keep r and apply the same
+  update), top-k sparsified (k = ceil(topk_fraction * D) largest |delta| dims) and int8
+  quantized with a per-prototype float32 scale max|delta_k| / 127: values int8 [c, k],
+  indices int16 [c, k], scales float32 [c] (+ class ids and counts, and accuracies for
+  confidence). Both sides then do r[idx] += values * scale and the server aggregates r.
+  The download stays float32.
+
+Bytes per selected client and round (c classes held, c' global classes, D prototype dims,
+k sent dims): down = c'*(8 + 4D) (from round 2, or once anything was uploaded);
+up = c*(8 + 8 + 4D) [+ 4c with confidence]; compressed up = c*(8 + 8 + k + 2k + 4) [+ 4c].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pipeline.federation.contract import LocalUpdate, Method, Upload
+from pipeline.federation.clients import Context
+from pipeline.federation.ledger import Payload
+from pipeline.errors import ConfigError
+from pipeline.federation.losses import ce_rows
+from pipeline.seeds import torch_generator
+
+ADAPTER_HIDDEN = 128
+
+
+# -- pure functions (unit-tested) -------------------------------------------------------
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int, how: str = "mean"
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """features [n, D], labels [n] -> (prototypes [C, D] (zero rows for absent classes), counts [C] int64).
+    `mean`: per-class mean (index_add); `median`: per-class torch.median (lower median for even counts)."""
+    D = features.shape[1]
+    counts = torch.zeros(num_classes, dtype=torch.long, device=features.device)
+    counts.index_add_(0, labels, torch.ones_like(labels))
+    protos = torch.zeros(num_classes, D, dtype=features.dtype, device=features.device)
+    if how == "mean":
+        protos.index_add_(0, labels, features)
+        held = counts > 0
+        protos[held] /= counts[held].unsqueeze(1).to(features.dtype)
+    elif how == "median":
+        for c in torch.nonzero(counts).flatten().tolist():  # one median per class, no per-sample loop
+            protos[c] = torch.median(features[labels == c], dim=0).values
+    else:
+        raise ValueError(f"unknown prototype kind {how!r}")
+    return protos, counts
+
+
+def aggregation_weights(counts: torch.Tensor, held: torch.Tensor, how: str, accuracy: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    """counts [K, C], held [K, C] bool, accuracy [K, C] -> weights [K, C] that sum to 1 over the
+    clients holding each class (all zero for a class nobody holds)."""
+    if how == "count":
+        w = counts.double() * held
+    elif how == "uniform":
+        w = held.double()
+    elif how == "confidence":
+        if accuracy is None:
+            raise ValueError("confidence aggregation needs per-class accuracies")
+        logits = accuracy.double().masked_fill(~held, float("-inf"))
+        return torch.softmax(logits, dim=0).nan_to_num(0.0)  # a column of -inf (nobody holds it) -> NaN -> 0
+    else:
+        raise ValueError(f"unknown aggregation {how!r}")
+    total = w.sum(dim=0, keepdim=True)
+    return torch.where(total > 0, w / total.clamp_min(1e-300), torch.zeros_like(w))
+
+
+def aggregate(protos: torch.Tensor, counts: torch.Tensor, held: torch.Tensor, how: str = "count",
+              accuracy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latest uploads protos [K, C, D] -> (global prototypes [C, D] float32, has [C] bool)."""
+    w = aggregation_weights(counts, held, how, accuracy)
+    global_ = (w.unsqueeze(-1) * protos.double()).sum(dim=0).float()
+    return global_, held.any(dim=0)
+
+
+def prototype_mse_rows(z: torch.Tensor, prototypes: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
+    """Per row: the mean over the D dims of (z - the global prototype of its label)^2, times has
+    (1.0 where the label has a global prototype, else 0: the reference code substitutes the
+    sample's own feature there, i.e. zero error). Summed and divided by the batch size this is
+    the MSE over all B*D entries."""
+    return (z - prototypes).pow(2).mean(dim=1) * has
+
+
+def topk_count(fraction: float, dim: int) -> int:
+    return min(dim, max(1, math.ceil(fraction * dim)))
+
+
+def compress(proto: torch.Tensor, reference: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """proto, reference [c, D] float32 -> {"values": int8 [c, k], "indices": int16 [c, k], "scales": float32 [c]}:
+    the k largest |proto - reference| dims of each row, int8-quantized with scale max|delta_k| / 127."""
+    c, D = proto.shape
+    assert D < 32768, f"int16 indices need D < 32768, got {D}"
+    assert 1 <= k <= D, f"k must be in [1, {D}], got {k}"
+    delta = proto.float() - reference.float()
+    idx = delta.abs().topk(k, dim=1).indices
+    picked = delta.gather(1, idx)
+    scales = picked.abs().amax(dim=1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales)).unsqueeze(1)
+    values = (picked / safe).round().clamp_(-127, 127).to(torch.int8)
+    return {"values": values, "indices": idx.to(torch.int16), "scales": scales.float()}
+
+
+def decompress(values: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor, reference: torch.Tensor
+               ) -> torch.Tensor:
+    """The new reconstruction: reference with reference[idx] += values * scale (other dims unchanged)."""
+    out = reference.float().clone()
+    out.scatter_add_(1, indices.long(), values.float() * scales.float().unsqueeze(1))
+    return out
+
+
+def feature_dim(model: nn.Module) -> int:
+    dim = getattr(model, "feature_dim", None)
+    if dim is None:
+        dim = model.head.in_features
+    return int(dim)
+
+
+def make_adapter(in_dim: int, out_dim: int, seed: int) -> nn.Sequential:
+    """Linear(in_dim, 128)-ReLU-Linear(128, out_dim), seeded: the first layer by (seed, in_dim), the second
+    by seed alone, so every client's adapter starts from the same map where shapes allow."""
+    first, second = nn.Linear(in_dim, ADAPTER_HIDDEN), nn.Linear(ADAPTER_HIDDEN, out_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch_generator(seed, "init-align", in_dim).initial_seed()))
+        first.reset_parameters()
+        torch.manual_seed(int(torch_generator(seed, "init-align").initial_seed()))
+        second.reset_parameters()
+    return nn.Sequential(first, nn.ReLU(), second)
+
+
+@torch.inference_mode()
+def embed_all(model: nn.Module, x: torch.Tensor, batch_size: int, num_classes: int, dim: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode (prototype-space features [n, D], logits [n, C]) over x, in batches."""
+    model.eval()
+    adapter = getattr(model, "adapter", None)
+    zs, logits = [], []
+    for start in range(0, len(x), batch_size):
+        f = model.features(x[start : start + batch_size])
+        zs.append(f if adapter is None else adapter(f))
+        logits.append(model.head(f))
+    if not zs:
+        return x.new_zeros(0, dim), x.new_zeros(0, num_classes)
+    return torch.cat(zs), torch.cat(logits)
+
+
+# -- the method --------------------------------------------------------------------------
+
+
+class FedProtoClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.fedproto
+
+    def begin(self, client, download, round_):
+        dim = prototype_dim(self.p, client.model)
+        table = torch.zeros(self.num_classes, dim, dtype=torch.float32)  # prototypes travel as float32
+        has = torch.zeros(self.num_classes)
+        for p in download:  # nothing arrives before the first upload
+            table[p.arrays["class_ids"]] = p.arrays["prototypes"]
+            has[p.arrays["class_ids"]] = 1.0
+        y = client.y_train
+        return {"prototype": table.to(y.device)[y], "has": has.to(y.device)[y]}
+
+    def loss(self, model, step, phase):
+        f = model.features(step.x)
+        rows = ce_rows(model.head(f), step.y)
+        if self.p.lambda_ > 0:
+            z = model.adapter(f) if self.p.align else f
+            rows = rows + self.p.lambda_ * prototype_mse_rows(z, step.t["prototype"], step.t["has"])
+        return rows
+
+    def end(self, client, targets, records, round_):
+        """An eval-mode pass over the training data: per-class prototypes (compressed or not), counts
+        and, for confidence aggregation, the classifier's per-class accuracy."""
+        C, p = self.num_classes, self.p
+        dim = prototype_dim(p, client.model)
+        z, logits = embed_all(client.model, client.x_train, self.params.train.eval_batch_size, C, dim)
+        y = client.y_train
+        protos, counts = class_prototypes(z, y, C, p.prototype)
+        mine = torch.nonzero(counts > 0).flatten()
+        arrays: dict[str, torch.Tensor] = {"class_ids": mine.cpu(), "counts": counts[mine].cpu()}
+        if p.aggregation == "confidence":
+            correct = torch.zeros(C, device=z.device).index_add_(0, y, (logits.argmax(1) == y).float())
+            arrays["accuracies"] = (correct[mine] / counts[mine].float()).cpu()
+        mine_cpu = mine.cpu()
+        if p.compress:
+            # the client keeps its copy of the server's reconstruction of its uploads
+            ref = client.state.setdefault("prototype_ref", torch.zeros(C, dim))
+            arrays.update(compress(protos[mine].cpu(), ref[mine_cpu], topk_count(p.topk_fraction, dim)))
+            ref[mine_cpu] = decompress(arrays["values"], arrays["indices"], arrays["scales"], ref[mine_cpu])
+        else:
+            arrays["prototypes"] = protos[mine].float().cpu()
+        return Upload([Payload("prototypes", arrays)])
+
+
+def prototype_dim(p, model: nn.Module) -> int:
+    return p.align_dim if p.align else feature_dim(model)
+
+
+class FedProto(Method):
+    name = "fedproto"
+    client_cls = FedProtoClient
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.p = p = ctx.params.fedproto
+        K, C = len(ctx.clients), ctx.num_classes
+        dims = [feature_dim(c.model) for c in ctx.clients]
+        if p.align:
+            # Each client's adapter is part of its model (trained by its optimizer, never sent).
+            for c, d in zip(ctx.clients, dims):
+                c.model.adapter = make_adapter(d, p.align_dim, ctx.params.seed).to(ctx.device)
+                c.new_optimizer()
+        elif len(set(dims)) != 1:
+            raise ConfigError(f"fedproto: the clients' feature sizes differ ({sorted(set(dims))}); prototypes "
+                              "cannot be shared: set fedproto.align: true")
+        self.dim = D = p.align_dim if p.align else dims[0]
+        if p.compress and D >= 32768:
+            raise ConfigError(f"fedproto.compress sends int16 indices: the prototype size {D} must be below 32768")
+        # server: the latest upload of every client (the reconstruction when compressing)
+        self.protos = torch.zeros(K, C, D)
+        self.counts = torch.zeros(K, C, dtype=torch.long)
+        self.accuracy = torch.zeros(K, C)
+        self.held = torch.zeros(K, C, dtype=torch.bool)
+        self.global_protos = torch.zeros(C, D)
+        self.global_has = torch.zeros(C, dtype=torch.bool)
+
+    # -- one round ---------------------------------------------------------------------
+
+    def configure(self, round_, selected):
+        classes = torch.nonzero(self.global_has).flatten()
+        if not len(classes):  # nothing to send before the first upload
+            return {k: [] for k in selected}
+        return {k: [Payload("prototypes", {"class_ids": classes, "prototypes": self.global_protos[classes].clone()})]
+                for k in selected}
+
+    def aggregate(self, round_, uploads):
+        for k, up in uploads.items():
+            self._receive(k, up.payloads[0].arrays)
+        self.global_protos, self.global_has = aggregate(self.protos, self.counts, self.held, self.p.aggregation,
+                                                        self.accuracy)
+
+    def _receive(self, k: int, arrays: dict[str, torch.Tensor]) -> None:
+        """Server side: replace client k's latest upload with what arrived."""
+        ids = arrays["class_ids"]
+        if self.p.compress:
+            new = decompress(arrays["values"], arrays["indices"], arrays["scales"], self.protos[k, ids])
+        else:
+            new = arrays["prototypes"]
+        self.held[k].zero_()
+        self.counts[k].zero_()
+        self.accuracy[k].zero_()
+        self.protos[k, ids] = new.to(self.protos.dtype)
+        self.held[k, ids] = True
+        self.counts[k, ids] = arrays["counts"]
+        if "accuracies" in arrays:
+            self.accuracy[k, ids] = arrays["accuracies"].to(self.accuracy.dtype)
+
+    # -- evaluation ------------------------------------------------------------------
+
+    def evaluate(self, round_: int):
+        classes = torch.nonzero(self.global_has).flatten().to(self.ctx.device)
+        protos = self.global_protos.to(self.ctx.device)[classes]
+        by_classifier, by_prototype = [], []
+        bs = self.ctx.params.train.eval_batch_size
+        for c in self.ctx.clients:
+            z, logits = embed_all(c.model, c.x_test, bs, self.ctx.num_classes, self.dim)
+            n = len(c.y_test)
+            acc_cls = float((logits.argmax(1) == c.y_test).sum()) / n if n else float("nan")
+            if len(classes) and n:
+                pred = classes[torch.cdist(z, protos.to(z.dtype)).argmin(dim=1)]
+                acc_proto = float((pred == c.y_test).sum()) / n
+            else:
+                # no global prototypes yet (round 0 / before any upload): nothing to compare
+                # against, so the prototype reading falls back to the local classifier
+                acc_proto = acc_cls
+            by_classifier.append((c.id, acc_cls, n))
+            by_prototype.append((c.id, acc_proto, n))
+        mean = lambda rows: sum(a for _, a, _ in rows) / len(rows)  # noqa: E731
+        extras = {"acc_classifier": mean(by_classifier), "acc_prototype": mean(by_prototype)}
+        return (by_prototype if self.p.eval == "prototype" else by_classifier), extras
+
+    # -- checkpoint ------------------------------------------------------------------
+
+    STATE = ("protos", "counts", "accuracy", "held", "global_protos", "global_has")
+
+    def state_dict(self) -> dict:
+        return {name: getattr(self, name).clone() for name in self.STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.STATE:
+            getattr(self, name).copy_(state[name])

@@ -1,0 +1,1 @@
+"""The mtfl method (method.py)."""

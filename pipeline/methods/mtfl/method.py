@@ -1,0 +1,61 @@
+"""MTFL: FedAvg with private BatchNorm layers (federated multi-task learning, Mills et al.).
+
+Every BatchNorm layer of a client's model (its weight and bias, and its running statistics)
+stays on the client: those layers are what makes each model the client's own task. Every other
+tensor is shared as in FedAvg (the FedCache paper runs MTFL "with the FedAvg optimisation
+strategy"): each selected client loads the global shared tensors into its model, keeping its own
+BatchNorm, trains one local epoch with a fresh optimizer state, and uploads its shared tensors;
+the server's new shared tensors are their sample-count-weighted mean. The round figure evaluates
+each client's own model (global shared layers after its local training, its own BatchNorm).
+
+Homogeneous models only (a config error otherwise). Bytes per selected client and round: the
+nbytes of every shared tensor, down and up (the BatchNorm tensors never travel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.federation.contract import LocalUpdate, Upload
+from pipeline.methods.fedavg.method import ParameterAveraging
+from pipeline.federation.clients import Context
+from pipeline.federation.ledger import Payload
+from pipeline.federation.losses import ce_rows
+
+
+def private_names(model: torch.nn.Module) -> set[str]:
+    """The state_dict names of every BatchNorm layer's tensors (parameters and buffers)."""
+    layers = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    return {f"{layer}.{t}" for layer in layers for t in dict(model.get_submodule(layer).state_dict())}
+
+
+def shared_state(model: torch.nn.Module, private: set[str]) -> dict[str, torch.Tensor]:
+    return {n: t.detach().cpu().clone() for n, t in model.state_dict().items() if n not in private}
+
+
+class MTFLClient(LocalUpdate):
+    def begin(self, client, download, round_):
+        (shared,) = download
+        client.model.load_state_dict(shared.arrays, strict=False)  # the BatchNorm tensors stay the client's
+        client.optimizer.state.clear()  # the FedAvg optimisation strategy: a fresh optimizer state each round
+        return {}
+
+    def loss(self, model, step, phase):
+        return ce_rows(model(step.x), step.y)
+
+    def end(self, client, targets, records, round_):
+        shared = shared_state(client.model, private_names(client.model))
+        return Upload([Payload("params", shared)], {"weight": float(client.num_train)})
+
+
+class MTFL(ParameterAveraging):
+    name = "mtfl"
+    client_cls = MTFLClient
+
+    def __init__(self, ctx: Context):
+        model = ctx.clients[0].model
+        private = private_names(model)
+        if not private:
+            raise ValueError(f"mtfl keeps the BatchNorm layers private, but {type(model).__name__} has none")
+        super().__init__(ctx, shared_state(model, private))  # starts as client 0's initial shared weights
+        self.private = private

@@ -1,0 +1,1 @@
+"""The pdfl method (method.py)."""

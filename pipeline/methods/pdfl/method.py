@@ -1,0 +1,405 @@
+"""pDFL: personalized decentralized FL -- learned multi-head attention over peers + two-way KD, no server.
+
+The model is split into a shared body (ResNet stem + stages + pooling, i.e. `model.features`)
+and a personal head (`model.head`). Clients sit on a peer graph (pipeline/methods/pdfl/topology.py). Nobody
+averages parameters: every client keeps its own body and head; peers' models are used only as
+teachers (their outputs), and the knowledge flows both ways.
+
+One round t, for every selected client i (all computed from the state at the start of the round,
+so the order of clients does not matter):
+  1. receive, from every in-neighbour j of round t: j's whole model copy (state_dict at the start of
+     the round, BatchNorm buffers included) and j's knowledge (P_j [C, C], the mean softmax(logits/T)
+     of j's training samples per class, eval mode, after j's last training, zero rows for classes j
+     lacks; its class counts n_j [C]); plus the feedback copies of i's own model that peers
+     optimised for i in an earlier round (step 5) and that were not yet delivered;
+  2. attention: p_j(x) = softmax(M_j(x)/T) of every neighbour copy on `attention_samples` seeded
+     samples of i's own training data (all when null; eval mode, no grad; one forward pass per
+     (round, j, i), batched by train.eval_batch_size; only the top_k teachers of step 3 are then
+     run on every sample, which bounds the cost of a large neighbourhood). A
+     representation is r = (n / sum n)[:, None] * P flattened to C*C (the joint table of label and
+     soft prediction), standardised without parameters (zero mean, unit norm). `heads` heads, each with i's own
+     learned projections W_q^h, W_k^h [d_h, C*C] (d_h = ceil(C*C / heads)); the weights are
+     w_ij = mean_h softmax_j(<W_q^h r_i, W_k^h r_j> / sqrt(d_h)). Before they are used, i trains its
+     projections for `attention_steps` Adam steps (`attention_lr`; a fresh Adam each round) on
+     -mean_x log(sum_j w_ij p_j(x)[y]) over those samples: the weighting whose mixture
+     teacher explains i's own labels best. The projections live in client.state (seeded init of
+     std 0.5 / sqrt(C*C), so the first weights are nearly uniform) and persist across rounds; the
+     keys are computed from the neighbours' representations, so what is learned carries over to
+     a time-varying neighbourhood. `attention: false` -> uniform weights;
+  3. internal KD (head phase, body frozen): CE + kd_weight * T^2 * KL(t_int(x) || softmax(student/T))
+     with ONE teacher per sample: t_int(x) = sum over the `top_k` highest-weighted neighbours of
+     w_ij p_j(x), renormalised over them, then calibrated: where its argmax is not y, the
+     probabilities of y and of the argmax are swapped (y becomes the argmax and the target keeps
+     the softness of temperature T);
+  4. body phase (head frozen): CE + kd_weight * T^2 * KL(t_ext(x) || softmax(student/T)) with
+     t_ext(x) = the mean over the feedback copies F that i received of softmax(F(x)/T) on its own
+     samples (calibrated as in 3 only with `external_calibrate`, off by default: the paper
+     calibrates the internal teacher): the neighbours' domain expertise, fed back, aligns i's shared representation. No
+     feedback yet (round 1) or `external_kd: false` -> CE only. Steps 3/4 are the paper's order
+     (`order: head_then_body`); the default `body_then_head` runs 4 before 3 (README "pDFL": measured better);
+  5. external KD, outbound (after i's own training): i takes the copies M_j of its
+     `external_peers` highest-weighted neighbours and trains each for `external_steps` SGD steps
+     (train.lr / momentum / weight_decay, batch train.batch_size, seeded order, train mode) on
+     its own data with CE + kd_weight * T^2 * KL(softmax(M_i(x)/T) || M_j-copy(x)/T), i's trained
+     model as the teacher. The copy goes back to j: kept in the upload, delivered by the network
+     simulator (this module's server half; pDFL has no server) in j's next download as
+     Payload("feedback", state, sender=i). Only the latest feedback per directed pair is kept;
+  6. publish i's new knowledge (P_i, n_i), sent to its neighbours next round.
+
+Ties in a ranking by weight (uniform weights with attention off) go to the lower client id.
+Each training phase is one pass (train.local_epochs epochs) over the local data; the first uses
+the batch order every method's first pass uses, the second its own seeded order. In the head
+phase the body gets no gradient and the model stays in train mode (BatchNorm batch statistics),
+as FedRep-style code does.
+
+Round 0 (nothing is sent): every client keeps its own initial model (as local-only training:
+nothing is averaged, so the bodies need not start aligned) and computes its knowledge from it.
+Bytes, per directed edge j -> i, on the sender's side (client j, "up", peer i): kind "model" =
+nbytes of j's state_dict, "knowledge" = C*C*4 (float32 P) + C*8 (int64 n), both in round t;
+"feedback" = nbytes of the optimised copy's state_dict on the edge i -> j (sender i, peer j),
+counted when it is delivered, i.e. in the round of j's next download (t + 1 when j takes part).
+The topology is written to <run_dir>/topology.json (per-round edges when time-varying).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.federation.contract import LocalUpdate, Method, Phase, Upload
+from pipeline.federation.clients import Client, Context
+from pipeline.federation.ledger import Payload
+from pipeline.federation.losses import ce_rows, soft_kd_rows
+from pipeline.seeds import torch_generator
+from pipeline.methods.pdfl.topology import Topology
+
+State = dict[str, torch.Tensor]
+
+
+def model_state(model: torch.nn.Module) -> State:
+    """A detached copy of the whole state_dict (what travels as a model copy)."""
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def representations(soft: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """soft [K, C, C], counts [K, C] -> [K, C*C]: label-mix-weighted knowledge (joint label x prediction)."""
+    mix = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1).float()
+    return (mix.unsqueeze(-1) * soft.float()).flatten(1)
+
+
+def head_dim(D: int, heads: int) -> int:
+    return max(1, math.ceil(D / heads))
+
+
+def init_projections(D: int, heads: int, seed: int, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded (W_q, W_k), each [heads, d_h, D], std 0.5 / sqrt(D): scores near 0, weights near uniform."""
+    gen = torch_generator(seed, "pdfl-attention", client)
+    shape = (heads, head_dim(D, heads), D)
+    std = 0.5 / math.sqrt(D)
+    return torch.randn(shape, generator=gen) * std, torch.randn(shape, generator=gen) * std
+
+
+def standardise(r: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> zero mean, unit norm over the last dimension (parameter-free)."""
+    D = r.shape[-1]
+    return F.layer_norm(r, (D,)) / math.sqrt(D)
+
+
+def attention_weights(query: torch.Tensor, keys: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor) -> torch.Tensor:
+    """query [D] (the client's representation), keys [m, D] (its neighbours'), projections [H, d_h, D]
+    -> weights [m] (>= 0, summing to one): mean over heads of softmax_j(<W_q r_i, W_k r_j> / sqrt(d_h))."""
+    q = torch.einsum("hdk,k->hd", wq, standardise(query.to(wq.dtype)))
+    k = torch.einsum("hdk,mk->hmd", wk, standardise(keys.to(wk.dtype)))
+    scores = torch.einsum("hd,hmd->hm", q, k) / math.sqrt(wq.shape[1])
+    return torch.softmax(scores, dim=1).mean(dim=0)
+
+
+def mixture_nll(weights: torch.Tensor, fit: torch.Tensor) -> torch.Tensor:
+    """-mean_x log(sum_j w_j p_j(x)[y]); fit [m, n] = p_j(x)[y] (NaN counts as 0; log clamped)."""
+    mix = (weights.unsqueeze(1) * torch.nan_to_num(fit.to(weights.dtype), nan=0.0)).sum(dim=0)
+    return -torch.log(mix.clamp_min(1e-12)).mean()
+
+
+def train_attention(query: torch.Tensor, keys: torch.Tensor, fit: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                    steps: int, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` Adam steps on mixture_nll of the attention weights; returns the new (W_q, W_k)."""
+    wq, wk = wq.detach().clone().requires_grad_(True), wk.detach().clone().requires_grad_(True)
+    opt = torch.optim.Adam([wq, wk], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = mixture_nll(attention_weights(query, keys, wq, wk), fit)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return wq.detach(), wk.detach()
+
+
+def probe_rows(n: int, size: int | None, seed: int, round_: int, client: int) -> torch.Tensor | None:
+    """The seeded subset (sorted local indices) of a client's samples its attention is fitted on;
+    None: all of them."""
+    if size is None or size >= n:
+        return None
+    gen = torch_generator(seed, "pdfl-attention-samples", round_, client)
+    return torch.randperm(n, generator=gen)[:size].sort().values
+
+
+def ranked(weights: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest weights, ties to the lower index."""
+    return torch.argsort(-weights, stable=True)[:k]
+
+
+def calibrate(teacher: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per row: if the argmax is not y, swap the probabilities of y and of the argmax."""
+    rows = torch.arange(len(y), device=teacher.device)
+    top = teacher.argmax(dim=1)
+    out = teacher.clone()
+    top_p, true_p = teacher[rows, top], teacher[rows, y]
+    out[rows, top] = true_p
+    out[rows, y] = top_p
+    return out
+
+
+def internal_teacher(probs: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
+    """probs [m, n, C] (neighbours' tempered outputs on the client's samples), weights [m] -> [n, C]:
+    sum over the top_k neighbours by weight of w_j p_j(x), renormalised over them, calibrated."""
+    chosen = ranked(weights, top_k)
+    w = weights[chosen].to(probs.dtype)
+    w = w / w.sum().clamp_min(1e-30)
+    return calibrate((w[:, None, None] * probs[chosen]).sum(dim=0), y)
+
+
+@torch.no_grad()
+def soft_outputs(model: torch.nn.Module, x: torch.Tensor, T: float, batch_size: int) -> torch.Tensor:
+    """softmax(model(x) / T) [n, C] in eval mode, in batches."""
+    model.eval()
+    return torch.cat([torch.softmax(model(x[s:s + batch_size]) / T, dim=1) for s in range(0, len(x), batch_size)])
+
+
+def class_knowledge_from(soft: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample soft outputs [n, C] -> (P [C, C] float32: mean per class, zero rows for absent
+    classes; n [C] int64 class counts), on CPU."""
+    sums = torch.zeros(num_classes, num_classes, dtype=soft.dtype, device=soft.device).index_add_(0, y, soft)
+    counts = torch.bincount(y, minlength=num_classes)
+    return (sums / counts.clamp_min(1).unsqueeze(1)).float().cpu(), counts.long().cpu()
+
+
+def external_copy(scratch: torch.nn.Module, state: State, x: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor,
+                  params, gen: torch.Generator) -> State:
+    """Step 5 for one peer: load the peer's copy into `scratch`, train it `external_steps` SGD steps on
+    (x, y) with CE + kd_weight * T^2 * KL(teacher || copy / T), return its new state."""
+    p, t = params.pdfl, params.train
+    scratch.load_state_dict(state)
+    scratch.train()
+    opt = torch.optim.SGD(scratch.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    n = len(y)
+    b = min(t.batch_size, n)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(p.external_steps):
+        if pos + b > n:  # a fresh seeded permutation; every step is a full batch
+            perm, pos = torch.randperm(n, generator=gen), 0
+        idx = perm[pos:pos + b].to(x.device)
+        pos += b
+        logits = scratch(x[idx])
+        loss = ce_rows(logits, y[idx]) + p.kd_weight * soft_kd_rows(logits, teacher[idx], p.T)
+        opt.zero_grad(set_to_none=True)
+        loss.mean().backward()
+        opt.step()
+    return model_state(scratch)
+
+
+def is_head(name: str) -> bool:
+    return name.startswith("head.")
+
+
+def is_body(name: str) -> bool:
+    return not is_head(name)
+
+
+class PDFLClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.p = params.pdfl
+        # between begin and end of a round: the peer copies client i will optimise for them (step 5)
+        self.held: dict[int, list[tuple[int, State]]] = {}
+
+    def phases(self, round_):
+        head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
+        if self.p.order == "head_then_body":
+            return [head, body]
+        return [Phase(0, is_body, "body"), Phase(1, is_head, "head")]
+
+    def begin(self, client, download, round_):
+        """Steps 2-4 on the client: neighbour outputs on its data, train its attention, build the
+        internal (top-k, calibrated) and external (feedback) per-sample teachers."""
+        p = self.p
+        bs = self.params.train.eval_batch_size
+        models = {m.sender: m.arrays for m in download if m.kind == "model"}
+        knowledge = {m.sender: m.arrays for m in download if m.kind == "knowledge"}
+        feedback = sorted(((m.sender, m.arrays) for m in download if m.kind == "feedback"), key=lambda f: f[0])
+        J = sorted(models)
+        x, y = client.x_train, client.y_train
+        n = len(y)
+        scratch = copy.deepcopy(client.model)
+
+        def outputs(j: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+            scratch.load_state_dict(models[j])
+            return soft_outputs(scratch, x if rows is None else x[rows], p.T, bs)
+
+        full: dict[int, torch.Tensor] = {}  # j -> p_j(x) on all of i's samples, computed at most once
+        if p.attention:
+            query = representations(client.state["soft"][None], client.state["counts"][None])[0]
+            keys = representations(torch.stack([knowledge[j]["soft"] for j in J]),
+                                   torch.stack([knowledge[j]["counts"] for j in J]))
+            if "attn_wq" not in client.state:
+                client.state["attn_wq"], client.state["attn_wk"] = init_projections(
+                    query.numel(), p.heads, self.params.seed, client.id)
+            rows = probe_rows(n, p.attention_samples, self.params.seed, round_, client.id)
+            probe = []
+            for j in J:  # one forward pass per (round, j, i) over the probe samples
+                probe.append(outputs(j, None if rows is None else rows.to(x.device)))
+                if rows is None:
+                    full[j] = probe[-1]
+            sub = torch.arange(n) if rows is None else rows
+            fit = torch.stack(probe)[:, torch.arange(len(sub), device=x.device), y[sub.to(y.device)]].cpu()
+            wq, wk = train_attention(query, keys, fit, client.state["attn_wq"], client.state["attn_wk"],
+                                     p.attention_steps, p.attention_lr)
+            client.state["attn_wq"], client.state["attn_wk"] = wq, wk
+            with torch.no_grad():
+                w = attention_weights(query, keys, wq, wk)
+        else:
+            w = torch.full((len(J),), 1.0 / len(J))
+        client.state["neighbours"], client.state["weights"] = torch.tensor(J, dtype=torch.int64), w
+        if p.external_kd:
+            self.held[client.id] = [(J[int(a)], models[J[int(a)]]) for a in ranked(w, p.external_peers)]
+        targets = {}
+        if p.internal_kd:  # the teacher needs the chosen neighbours' outputs on every sample
+            chosen = ranked(w, p.top_k).tolist()
+            probs = torch.stack([full[J[a]] if J[a] in full else outputs(J[a]) for a in chosen])
+            targets["internal"] = internal_teacher(probs, w[chosen].to(probs.device), y, len(chosen))
+        if p.external_kd:
+            if feedback:
+                t_ext = 0
+                for _, state in feedback:
+                    scratch.load_state_dict(state)
+                    t_ext = t_ext + soft_outputs(scratch, x, p.T, bs)
+                t_ext = t_ext / len(feedback)
+                targets["external"] = calibrate(t_ext, y) if p.external_calibrate else t_ext
+            else:  # NaN rows: no teacher (every client returns the same keys, as the vectorized executor needs)
+                targets["external"] = torch.full((n, self.num_classes), float("nan"), dtype=x.dtype,
+                                                 device=x.device)
+        return targets
+
+    def loss(self, model, step, phase):
+        if phase.name == "head":
+            with torch.no_grad():
+                features = model.features(step.x)  # body frozen: no gradients reach it
+            logits, teacher = model.head(features), step.t.get("internal")
+        else:
+            logits, teacher = model(step.x), step.t.get("external")
+        rows = ce_rows(logits, step.y)
+        if teacher is not None and self.p.kd_weight > 0:
+            rows = rows + self.p.kd_weight * soft_kd_rows(logits, teacher, self.p.T)
+        return rows
+
+    def end(self, client, targets, records, round_):
+        """Steps 5-6: optimise the chosen peers' copies with i's trained model as teacher (kept for the
+        simulator to deliver), publish i's new knowledge (counted when the neighbours receive it)."""
+        p = self.p
+        soft = soft_outputs(client.model, client.x_train, p.T, self.params.train.eval_batch_size)
+        client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, self.num_classes)
+        feedback = {}
+        held = self.held.pop(client.id, [])
+        if held:
+            scratch = copy.deepcopy(client.model)
+            for j, state in held:
+                gen = torch_generator(self.params.seed, "pdfl-external", round_, client.id, j)
+                feedback[j] = external_copy(scratch, state, client.x_train, client.y_train, soft, self.params, gen)
+        return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
+                            "neighbours": client.state["neighbours"], "weights": client.state["weights"],
+                            "feedback": feedback})
+
+
+def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
+    soft = soft_outputs(client.model, client.x_train, T, batch_size)
+    client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, num_classes)
+
+
+class PDFL(Method):
+    name = "pdfl"
+    homogeneous_only = True
+    client_cls = PDFLClient
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.p = ctx.params.pdfl
+        K, C = len(ctx.clients), ctx.num_classes
+        self.topology = Topology(K, self.p, ctx.params.seed)  # a ConfigError here, before any training
+        self.soft = torch.zeros(K, C, C)  # each client's latest knowledge, as its neighbours would receive it
+        self.counts = torch.zeros(K, C, dtype=torch.int64)
+        # the network simulator's undelivered feedback: receiver -> sender -> optimised copy (latest only)
+        self.feedback: dict[int, dict[int, State]] = {}
+        self.stats: dict[int, dict[str, float]] = {}  # round -> extras (diagnostics of the round just trained)
+        self.last_weights: dict[int, tuple[list[int], list[float]]] = {}  # client -> (neighbours, weights)
+
+    def setup(self):
+        # No common body: nothing is averaged, so every client keeps its own initial model (as local-only).
+        for client in self.ctx.clients:  # knowledge of the initial models; sent (and counted) in round 1
+            publish(client, self.ctx.num_classes, self.p.T, self.ctx.params.train.eval_batch_size)
+            self.soft[client.id], self.counts[client.id] = client.state["soft"], client.state["counts"]
+        self.topology.write(self.ctx.run_dir / "topology.json")
+        return {}
+
+    def configure(self, round_, selected):
+        """Step 1: what every in-neighbour sends each selected client, from the round-start state,
+        plus the feedback waiting for it."""
+        neighbours = self.topology.in_neighbours(round_)
+        senders = sorted({int(j) for i in selected for j in neighbours[i]})
+        models = {j: model_state(self.ctx.clients[j].model) for j in senders}  # the round-start snapshot
+        downloads, delivered = {}, 0
+        for i in selected:
+            downloads[i] = []
+            for j in (int(j) for j in neighbours[i]):  # what travels over the edge j -> i
+                downloads[i] += [Payload("model", models[j], sender=j),
+                                 Payload("knowledge", {"soft": self.soft[j].clone(), "counts": self.counts[j].clone()},
+                                         sender=j)]
+            for s, state in sorted(self.feedback.pop(i, {}).items()):  # optimised for i by s in an earlier round
+                downloads[i].append(Payload("feedback", state, sender=s))
+                delivered += 1
+        self.stats[round_] = {"edges": float(sum(len(neighbours[i]) for i in selected)),
+                              "feedback_delivered": float(delivered)}
+        return downloads
+
+    def aggregate(self, round_, uploads):
+        stats = self.stats.setdefault(round_, {})
+        maxima = []
+        for i, up in sorted(uploads.items()):
+            self.soft[i], self.counts[i] = up.kept["soft"], up.kept["counts"]
+            nbrs, w = up.kept["neighbours"].tolist(), up.kept["weights"].tolist()
+            self.last_weights[i] = (nbrs, w)
+            for j, wj in zip(nbrs, w):
+                stats[f"attn:{i}<-{j}"] = float(wj)
+            maxima.append(max(w))
+            for j, state in up.kept["feedback"].items():  # the latest per directed pair i -> j
+                self.feedback.setdefault(j, {})[i] = state
+        stats["attention_max"] = sum(maxima) / max(len(maxima), 1)
+
+    def evaluate(self, round_: int):
+        rows, _ = super().evaluate(round_)
+        return rows, dict(self.stats.get(round_, {}))
+
+    def end_round(self, round_: int) -> None:
+        self.topology.write(self.ctx.run_dir / "topology.json")
+        self.stats = {r: s for r, s in self.stats.items() if r == round_}
+
+    def state_dict(self) -> dict:
+        return {"soft": self.soft.clone(), "counts": self.counts.clone(), "topology": self.topology.state_dict(),
+                "feedback": {j: dict(by) for j, by in self.feedback.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.soft.copy_(state["soft"])
+        self.counts.copy_(state["counts"])
+        self.topology.load_state_dict(state["topology"])
+        self.feedback = {int(j): {int(i): s for i, s in by.items()} for j, by in state["feedback"].items()}

@@ -1,0 +1,1 @@
+"""The pfedme method (method.py)."""

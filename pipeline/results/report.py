@@ -1,0 +1,116 @@
+"""The report's files: metrics.json for `dvc metrics show`, the comparison as Markdown/CSV, a plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pipeline.results.compare import RunSeries  # noqa: E402
+
+COLUMNS = ("algorithm", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup", "bytes_training",
+           "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_target", "speedup_vs",
+           "run_id")
+
+
+def _name(row: dict) -> str:
+    return row["algorithm"] if row["setting"] == "homo" else f"{row['algorithm']}-{row['setting']}"
+
+
+def _bytes(b: int | None) -> str:
+    return "not reached" if b is None else f"{b:,}"
+
+
+def _speedup(row: dict) -> str:
+    if row["speedup"] is None:
+        return "—"
+    return f"{row['speedup']:.1f}x vs {row['speedup_vs']} at {row['speedup_target']:.2%}"
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown: one row per run; bytes to the target with and without the one-time set-up traffic."""
+    target = next((r["target_acc"] for r in rows if r["target_acc"] is not None), None)
+    reach = f"bytes to {target:.0%}" if target is not None else "bytes to target"
+    lines = [f"| algorithm | setting | rounds | MAUA | final acc | bytes total | bytes w/o set-up | {reach} | "
+             f"{reach} w/o set-up | speed-up |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['algorithm']} | {r['setting']} | {r['rounds']} | {r['maua']:.4f} | {r['final_acc']:.4f} | "
+                     f"{r['bytes_total']:,} | {r['bytes_training']:,} | {_bytes(r['bytes_to_target'])} | "
+                     f"{_bytes(r['bytes_to_target_no_setup'])} | {_speedup(r)} |")
+    return "\n".join(lines)
+
+
+def format_paper_table(rows: list[dict], dataset: str, figures: list | None = None) -> str:
+    """Markdown: each measured run beside the FedCache paper's figure for the same (dataset, method,
+    setting) (paper/fedcache_tables.csv), with the MAUA difference in points; "" when the paper has none.
+    The paper's GB are to its own target and its speed-ups against its table's reference method."""
+    from pipeline.results import paper
+
+    figures = paper.load() if figures is None else figures
+    lines = []
+    for r in rows:
+        p = paper.lookup(figures, dataset, r["algorithm"], r["setting"])
+        if p is None:
+            continue
+        diff = "—" if p.maua is None else f"{(r['maua'] - p.maua) * 100:+.1f}"
+        lines.append(f"| {r['algorithm']} | {r['setting']} | {r['maua']:.2%} | "
+                     f"{'-' if p.maua is None else f'{p.maua:.2%}'} (Table {p.table}) | {diff} | "
+                     f"{r['bytes_total'] / 1e9:.3f} | {'-' if p.comm_gb is None else f'{p.comm_gb:g}'} | {_speedup(r)} | "
+                     f"{'-' if p.speedup is None else f'{p.speedup:g}x vs {p.reference}'} |")
+    if not lines:
+        return ""
+    head = ["| algorithm | setting | MAUA | paper MAUA | difference (points) | GB total | paper GB to its target | "
+            "speed-up | paper speed-up |", "|---|---|---|---|---|---|---|---|---|"]
+    return "\n".join(head + lines)
+
+
+def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None) -> None:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    metrics = {_name(r): {"maua": round(r["maua"], 4), "final_acc": round(r["final_acc"], 4),
+                          "bytes_total": r["bytes_total"], "bytes_setup": r["bytes_setup"], "rounds": r["rounds"]}
+               for r in rows}
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(metrics, indent=1) + "\n")
+    text = format_table(rows) + "\n"
+    beside = format_paper_table(rows, dataset) if dataset else ""
+    if beside:
+        text += f"\nThe FedCache paper's figures for the same dataset, method and setting (paper/fedcache_tables.csv; " \
+                f"its scale: K = 300, all training samples):\n\n{beside}\n"
+    (report_dir / "comparison.md").write_text(text)
+    with open(report_dir / "comparison.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_accuracy_vs_bytes(runs: list[RunSeries], path: Path) -> None:
+    """Mean user accuracy vs cumulative bytes (log x, set-up included), one line per run. Runs that
+    send nothing are drawn as horizontal dashed lines at their MAUA."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for series in runs:
+        label = series.algorithm if series.setting == "homo" else f"{series.algorithm} ({series.setting})"
+        total, xs, ys = 0, [], []
+        for _, acc, up, down in series.rounds:
+            total += up + down
+            if acc is not None and total > 0:
+                xs.append(total)
+                ys.append(acc)
+        if xs:
+            ax.plot(xs, ys, marker=".", label=label)
+        else:
+            ax.axhline(series.maua, linestyle="--", color="grey", label=f"{label}: 0 bytes (MAUA)")
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative bytes communicated (up + down, set-up included)")
+    ax.set_ylabel("mean user accuracy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

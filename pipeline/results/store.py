@@ -1,0 +1,512 @@
+"""Results in DuckDB: each training stage's own file, and an index over all of them.
+
+- `results/runs/<name>/run.duckdb` (RunResultsDB): the rows of one training stage's current run
+  (tables runs, rounds, client_rounds, comm, round_metrics), written by the trainer in one
+  transaction per round. It lies inside the stage's DVC output (`persist: true`, so a killed
+  stage keeps its rows and resumes); a new run of the stage deletes it first.
+- `results/results.duckdb` (the index): the same tables over every run, plus the report's
+  `comparison`. Nothing writes into it in place: rebuild_index() makes it anew from the per-run
+  files in a temporary file and renames that over it, so a reader never sees half an index, and
+  the index can be deleted or damaged at any time and made again with nothing lost:
+
+      python -m pipeline.results.store rebuild [--index results/results.duckdb]
+
+The per-run files of an index are `<index dir>/runs/*/run.duckdb`, and the report's table is
+`<index dir>/report/comparison.csv`.
+
+A writer opens a file only for the moment of a write and closes it again, so another process
+(the dashboard) can read it between writes; whoever finds a file locked waits for a while. A
+damaged or foreign file raises ResultsError, one line naming the file and what rebuilds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+
+from pipeline import paths
+from pipeline.errors import ResultsError  # defined there: flows/cli.py prints it without importing DuckDB
+
+TABLES = ("runs", "rounds", "client_rounds", "comm", "round_metrics")  # a run's rows
+
+RUN_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, algorithm VARCHAR, dataset VARCHAR, setting VARCHAR,
+    params JSON, git_rev VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP, status VARCHAR
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id VARCHAR, round INTEGER, mean_acc DOUBLE, bytes_up BIGINT, bytes_down BIGINT, wall_s DOUBLE,
+    PRIMARY KEY (run_id, round)
+);
+CREATE TABLE IF NOT EXISTS client_rounds (
+    run_id VARCHAR, round INTEGER, client_id INTEGER, acc DOUBLE, n_test INTEGER,
+    PRIMARY KEY (run_id, round, client_id)
+);
+CREATE TABLE IF NOT EXISTS comm (
+    run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, kind VARCHAR, bytes BIGINT,
+    peer_id INTEGER  -- the other end: -1 = the server; pDFL: the receiving client of a directed edge
+);
+-- results files written before peer_id existed: add it (old rows read as NULL = unknown)
+ALTER TABLE comm ADD COLUMN IF NOT EXISTS peer_id INTEGER;
+-- the DVC experiment a run belongs to and the params it changed (pipeline.experiments.dvc); NULL outside one
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS experiment VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS changed JSON;
+CREATE TABLE IF NOT EXISTS round_metrics (
+    run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
+);
+"""
+
+INDEX_SCHEMA = RUN_SCHEMA + """
+CREATE TABLE IF NOT EXISTS comparison (
+    report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
+    final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
+    bytes_to_target BIGINT, speedup DOUBLE, bytes_to_target_no_setup BIGINT, speedup_target DOUBLE,
+    speedup_vs VARCHAR
+);
+CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+"""
+
+# What a reader needs of each table (files from before peer_id lack comm.peer_id: it reads as NULL).
+REQUIRED = {
+    "runs": {"run_id", "algorithm", "dataset", "setting", "params", "git_rev", "started_at", "finished_at", "status"},
+    "rounds": {"run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"},
+    "client_rounds": {"run_id", "round", "client_id", "acc", "n_test"},
+    "comm": {"run_id", "round", "client_id", "direction", "kind", "bytes"},
+    "round_metrics": {"run_id", "round", "name", "value"},
+}
+COMPARISON_COLUMNS = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
+                      "bytes_training", "target_acc", "bytes_to_target", "speedup", "bytes_to_target_no_setup",
+                      "speedup_target", "speedup_vs")
+REBUILD = "python -m pipeline.results.store rebuild"
+# New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
+# (each is kept in DVC's cache per version); reading needs nothing special.
+NEW_FILE = {"default_block_size": "16384"}
+
+
+class ResultsLocked(ResultsError):
+    """Another process still held the file when the wait ran out."""
+
+
+def rebuild_command(path: str | Path) -> str:
+    """What makes `path` again: a per-run file, its training stage; an index, rebuild_index."""
+    path = Path(path)
+    if path.name == paths.RUN_RESULTS:
+        return f"dvc repro -s -f {paths.stage_of_run(path.parent.name)}"
+    return REBUILD if path == paths.RESULTS_DB else f"{REBUILD} --index {path}"
+
+
+def fix(path: str | Path) -> str:
+    path = Path(path)
+    what = "re-run its stage" if path.name == paths.RUN_RESULTS else "rebuild it from the per-run files"
+    return f"{what}: `{rebuild_command(path)}`"
+
+
+def damaged(path: str | Path, why: str) -> ResultsError:
+    return ResultsError(f"{path} is damaged or not a results file ({why}); {fix(path)}", Path(path), why)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _busy(why: str) -> bool:
+    """Another process holds the file (a lock), or another connection of this one does."""
+    why = why.lower()
+    return "lock" in why or "already attached" in why or "in use" in why
+
+
+def _being_created(path: Path) -> bool:
+    """A writer has created the file but not yet written its header (DuckDB reads that as invalid)."""
+    try:
+        return path.stat().st_size == 0
+    except FileNotFoundError:
+        return False
+
+
+def remove_db(path: str | Path) -> None:
+    """Delete a DuckDB file and its write-ahead log."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".wal").unlink(missing_ok=True)
+
+
+def _columns(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, set[str]]:
+    rows = con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ? "
+                       "AND schema_name = 'main'", [catalog]).fetchall()
+    out: dict[str, set[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, set()).add(column)
+    return out
+
+
+def _check_tables(con: duckdb.DuckDBPyConnection, catalog: str) -> str | None:
+    """Why the catalog's results tables are not ours (a missing table is fine: nothing written yet)."""
+    have = _columns(con, catalog)
+    for table, needed in REQUIRED.items():
+        missing = needed - have.get(table, needed)
+        if missing:
+            return f"table {table} has no column {', '.join(sorted(missing))}"
+    return None
+
+
+def attach(con: duckdb.DuckDBPyConnection, path: str | Path, alias: str, timeout_s: float,
+           poll_s: float = 0.2) -> bool:
+    """ATTACH `path` read-only as `alias`, waiting up to timeout_s while another process holds it.
+    False if there is no such file; ResultsLocked / ResultsError (see damaged) otherwise."""
+    path = Path(path)
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not path.is_file():
+            return False
+        try:
+            con.execute(f"ATTACH {quoted} AS {alias} (READ_ONLY)")
+            break
+        except duckdb.Error as err:
+            why = _first_line(err)
+            locked = _busy(why)
+            if time.monotonic() >= deadline or not (locked or _being_created(path)):
+                if not path.is_file():
+                    return False  # replaced meanwhile by a new run and not there yet
+                if locked:
+                    raise ResultsLocked(f"{path} is locked by another process ({why})", path, why) from err
+                raise damaged(path, why) from err
+            time.sleep(poll_s)
+    try:
+        problem = _check_tables(con, alias)
+    except duckdb.Error as err:
+        problem = _first_line(err)
+    if problem:
+        con.execute(f"DETACH {alias}")
+        raise damaged(path, problem)
+    return True
+
+
+class ResultsDB:
+    """A DuckDB file of run rows (tables TABLES). The trainer writes through it (one transaction per round)."""
+
+    def __init__(self, path: str | Path, lock_timeout_s: float = 60.0):
+        self.path = Path(path)
+        self.lock_timeout_s = lock_timeout_s
+
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.is_file():
+            raise ResultsError(f"{self.path} not found; {fix(self.path)}", self.path, "not found")
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
+            try:
+                config = NEW_FILE if not (read_only or self.path.exists()) else {}
+                con = duckdb.connect(str(self.path), read_only=read_only, config=config)
+                break
+            except duckdb.Error as err:  # held by another process: wait for it to close
+                why = _first_line(err)
+                locked = _busy(why)
+                if time.monotonic() > deadline or not (locked or _being_created(self.path)):
+                    if locked:
+                        raise ResultsLocked(f"{self.path} is locked by another process ({why})", self.path,
+                                            why) from err
+                    raise damaged(self.path, why) from err
+                time.sleep(0.2)
+        try:
+            try:
+                if not read_only:
+                    con.execute(RUN_SCHEMA)
+                problem = _check_tables(con, con.execute("SELECT current_database()").fetchone()[0])
+            except duckdb.Error as err:
+                problem = _first_line(err)
+            if problem:
+                raise damaged(self.path, problem)
+            yield con
+        finally:
+            con.close()
+
+    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
+                  experiment: str | None = None, changed: dict | None = None) -> None:
+        with self.connect() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO runs (run_id, algorithm, dataset, setting, params, git_rev, started_at, "
+                "finished_at, status, experiment, changed) VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?)",
+                [run_id, algorithm, dataset, setting, json.dumps(params), git_rev, experiment,
+                 None if changed is None else json.dumps(changed)],
+            )
+
+    def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
+                    wall_s: float, client_rows: list[tuple[int, float, int]], comm_rows: list[tuple],
+                    extras: dict[str, float] | None = None) -> None:
+        """One round's rows in one transaction. client_rows: (client, acc, n_test); comm_rows: (round, client, dir,
+        kind, bytes, peer); extras: named round metrics (e.g. a second accuracy reading)."""
+        with self.connect() as con:
+            con.execute("BEGIN")
+            con.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?)", [run_id, round_, mean_acc, bytes_up, bytes_down, wall_s])
+            if client_rows:
+                con.executemany("INSERT INTO client_rounds VALUES (?, ?, ?, ?, ?)",
+                                [(run_id, round_, c, a, n) for c, a, n in client_rows])
+            if comm_rows:
+                con.executemany("INSERT INTO comm (run_id, round, client_id, direction, kind, bytes, peer_id) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
+            if extras:
+                con.executemany("INSERT INTO round_metrics VALUES (?, ?, ?, ?)",
+                                [(run_id, round_, k, v) for k, v in extras.items()])
+            con.execute("COMMIT")
+
+    def drop_after(self, run_id: str, round_: int) -> None:
+        """Forget rows past `round_` (written after the last checkpoint of a run that crashed)."""
+        with self.connect() as con:
+            con.execute("BEGIN")
+            for table in ("rounds", "client_rounds", "comm", "round_metrics"):
+                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND round > ?", [run_id, round_])
+            con.execute("UPDATE runs SET status = 'running', finished_at = NULL WHERE run_id = ?", [run_id])
+            con.execute("COMMIT")
+
+    def finish_run(self, run_id: str, status: str = "finished") -> None:
+        with self.connect() as con:
+            con.execute("UPDATE runs SET status = ?, finished_at = now() WHERE run_id = ?", [status, run_id])
+
+    def resume_problem(self, run_id: str) -> str | None:
+        """Why a crashed run cannot continue in this file (None: it can): the file is missing, damaged,
+        or does not hold the run. A file another process keeps locked raises ResultsLocked."""
+        if not self.path.is_file():
+            return f"{self.path} is missing"
+        try:
+            with self.connect(read_only=True) as con:
+                if "runs" not in _columns(con, con.execute("SELECT current_database()").fetchone()[0]):
+                    return f"{self.path} does not hold it"
+                found = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+        except ResultsLocked:
+            raise
+        except ResultsError as err:
+            return str(err)
+        except duckdb.Error as err:
+            return f"{self.path}: {_first_line(err)}"
+        return None if found else f"{self.path} does not hold it"
+
+    def series(self, run_ids: list[str]):
+        """RunSeries (pipeline.results.compare) of these runs, in the given order."""
+        from pipeline.results.compare import RunSeries
+
+        out = []
+        with self.connect(read_only=True) as con:
+            for run_id in run_ids:
+                try:
+                    meta = con.execute("SELECT algorithm, setting FROM runs WHERE run_id = ?", [run_id]).fetchone()
+                    rows = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? "
+                                       "ORDER BY round", [run_id]).fetchall()
+                except duckdb.Error as err:
+                    raise damaged(self.path, _first_line(err)) from err
+                if meta is None:
+                    raise ResultsError(f"run {run_id} is not in {self.path}; {fix(self.path)}", self.path,
+                                       "no such run")
+                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r) for r in rows]))
+        return out
+
+
+class RunResultsDB(ResultsDB):
+    """One training stage's own results file (results/runs/<name>/run.duckdb). It holds the stage's
+    current run only: starting a new run deletes whatever an earlier run left there (stale or damaged)."""
+
+    def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
+                  experiment: str | None = None, changed: dict | None = None) -> None:
+        remove_db(self.path)
+        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed)
+
+
+# ----------------------------------------------------------------------------- the index
+
+@dataclass
+class Rebuilt:
+    """What rebuild_index did. before: the old index was 'missing', 'ok', 'damaged' (why says how),
+    'locked' (being read or written: replaced anyway), or 'legacy' (a shared results file from before
+    per-run files, moved to `legacy`)."""
+    index: Path
+    files: list[Path] = field(default_factory=list)
+    runs: int = 0
+    before: str = "missing"
+    why: str = ""
+    legacy: Path | None = None
+
+    @property
+    def message(self) -> str:
+        done = (f"{'built' if self.before == 'missing' else 'rebuilt'} from {len(self.files)} per-run file(s) "
+                f"({self.runs} run{'' if self.runs == 1 else 's'})")
+        text = f"{self.index} was damaged ({self.why}): {done}" if self.before == "damaged" else f"{self.index} {done}"
+        if self.legacy is not None:
+            text += f"; the shared results file it replaces (runs from before per-run files) is now {self.legacy}"
+        return text
+
+
+def _index_state(path: Path) -> tuple[str, str]:
+    """(state, why) of an existing index, for Rebuilt.before."""
+    if not path.exists():
+        return "missing", ""
+    con = duckdb.connect()
+    try:
+        try:
+            attach(con, path, "old", timeout_s=0.0)
+        except ResultsLocked as err:
+            return "locked", err.why
+        except ResultsError as err:
+            return "damaged", err.why
+        try:
+            have = _columns(con, "old")
+            for table in have:
+                con.execute(f'SELECT count(*) FROM old."{table}"').fetchone()
+            legacy = ("index_meta" not in have and "runs" in have
+                      and con.execute("SELECT count(*) FROM old.runs").fetchone()[0] > 0)
+        except duckdb.Error as err:
+            return "damaged", _first_line(err)
+        return ("legacy" if legacy else "ok"), ""
+    finally:
+        con.close()
+
+
+def read_comparison_csv(path: str | Path) -> tuple[str, list[dict]]:
+    """(report_id, rows) of the report's comparison.csv (pipeline.results.report.write_outputs)."""
+    ints = {"rounds", "bytes_total", "bytes_setup", "bytes_training", "bytes_to_target", "bytes_to_target_no_setup"}
+    floats = {"maua", "final_acc", "target_acc", "speedup", "speedup_target"}
+    rows = []
+    with open(path, newline="") as f:
+        for raw in csv.DictReader(f):
+            row = {}
+            for col in COMPARISON_COLUMNS:
+                value = raw.get(col)
+                row[col] = (None if value in (None, "") else int(value) if col in ints
+                            else float(value) if col in floats else value)
+            rows.append(row)
+    return ",".join(r["run_id"] for r in rows), rows
+
+
+def _insert_comparison(con: duckdb.DuckDBPyConnection, report_id: str, rows: list[dict]) -> None:
+    if rows:
+        con.executemany(f"INSERT INTO comparison (report_id, {', '.join(COMPARISON_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' * (len(COMPARISON_COLUMNS) + 1))})",
+                        [(report_id, *(r[c] for c in COMPARISON_COLUMNS)) for r in rows])
+
+
+def run_files(runs_dir: str | Path) -> list[Path]:
+    """Every per-run results file under runs_dir (runs_dir/<name>/run.duckdb), sorted."""
+    return sorted(Path(runs_dir).glob(f"*/{paths.RUN_RESULTS}"))
+
+
+def experiment_files(experiments_dir: str | Path) -> list[Path]:
+    """Every published experiment's per-run file (experiments_dir/<experiment>/<name>/run.duckdb), sorted."""
+    return sorted(Path(experiments_dir).glob(f"*/*/{paths.RUN_RESULTS}"))
+
+
+def rebuild_index(index: str | Path = paths.RESULTS_DB, runs_dir: str | Path | None = None,
+                  comparison: tuple[str, list[dict]] | None = None, report_csv: str | Path | None = None,
+                  lock_timeout_s: float = 60.0) -> Rebuilt:
+    """(Re)create the index from every per-run file in runs_dir (default: <index dir>/runs) and every
+    experiment's published one (<index dir>/experiments/*/*/run.duckdb, see pipeline.experiments.dvc;
+    a file whose run is already in the index, e.g. an experiment applied to the workspace, is skipped).
+
+    The report's comparison table: `comparison` = (report_id, rows) if given, else the rows of
+    report_csv if that file exists. Written to a temporary file and renamed over the index, whose
+    modification time is set to the moment the per-run files were read (so a reader can tell which
+    per-run files changed since). A per-run file that cannot be read raises ResultsError and leaves
+    the old index as it was. An index from before per-run files (rows the per-run files may not
+    hold) is kept aside as <name>-legacy.duckdb rather than overwritten. Rebuilds of one index take
+    turns (a lock file next to it), so the last one sees every file written before it began.
+    """
+    from filelock import FileLock
+
+    index = Path(index)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{index}.lock"):
+        return _rebuild(index, runs_dir, comparison, report_csv, lock_timeout_s)
+
+
+def _rebuild(index: Path, runs_dir: str | Path | None, comparison: tuple[str, list[dict]] | None,
+             report_csv: str | Path | None, lock_timeout_s: float) -> Rebuilt:
+    runs_dir = Path(runs_dir) if runs_dir is not None else index.parent / paths.RUNS.name
+    before, why = _index_state(index)
+    out = Rebuilt(index, before=before, why=why)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(f"{index.name}.tmp-{os.getpid()}")
+    remove_db(tmp)
+    read_from = time.time_ns()
+    con = duckdb.connect(str(tmp), config=NEW_FILE)
+    try:
+        con.execute(INDEX_SCHEMA)
+        columns = _columns(con, con.execute("SELECT current_database()").fetchone()[0])
+        for path in run_files(runs_dir) + experiment_files(index.parent / "experiments"):
+            if not attach(con, path, "src", lock_timeout_s):
+                continue
+            try:
+                if con.execute("SELECT count(*) FROM src.runs WHERE run_id IN (SELECT run_id FROM main.runs)").fetchone()[0]:
+                    continue  # the same run twice (an applied experiment): its first file counts
+                have = _columns(con, "src")
+                for table in (t for t in TABLES if t in have):
+                    cols = ", ".join(sorted(columns[table] & have[table]))
+                    con.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM src.{table}")
+            except duckdb.Error as err:
+                raise damaged(path, _first_line(err)) from err
+            finally:
+                con.execute("DETACH src")
+            out.files.append(path)
+        if comparison is None and report_csv is not None and Path(report_csv).is_file():
+            comparison = read_comparison_csv(report_csv)
+        if comparison is not None:
+            _insert_comparison(con, *comparison)
+        out.runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+        con.executemany("INSERT INTO index_meta VALUES (?, ?)",
+                        [("built_at", time.strftime("%Y-%m-%dT%H:%M:%S%z")), ("runs_dir", str(runs_dir)),
+                         ("files", json.dumps([str(p) for p in out.files]))])
+        con.execute("CHECKPOINT")
+    except BaseException:
+        con.close()
+        remove_db(tmp)
+        raise
+    con.close()
+    if before == "legacy":
+        out.legacy = index.with_name(f"{index.stem}-legacy{index.suffix}")
+        n = 1
+        while out.legacy.exists():
+            n += 1
+            out.legacy = index.with_name(f"{index.stem}-legacy-{n}{index.suffix}")
+        os.replace(index, out.legacy)
+        wal = index.with_name(index.name + ".wal")
+        if wal.exists():
+            os.replace(wal, out.legacy.with_name(out.legacy.name + ".wal"))
+    index.with_name(index.name + ".wal").unlink(missing_ok=True)  # an old log must not replay onto the new file
+    stamp = read_from - 50_000_000  # a little earlier: file times come from a coarser clock
+    os.utime(tmp, ns=(stamp, stamp))
+    os.replace(tmp, index)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.results.store",
+                                     description="The results index (results/results.duckdb).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rebuild = sub.add_parser("rebuild", help="(re)build the index from every <index dir>/runs/*/run.duckdb")
+    rebuild.add_argument("--index", default=str(paths.RESULTS_DB), help=f"default: {paths.RESULTS_DB}")
+    rebuild.add_argument("--runs-dir", help="default: <index dir>/runs")
+    rebuild.add_argument("--report-csv",
+                         help="the comparison table to include (default: <index dir>/report/comparison.csv)")
+    args = parser.parse_args(argv)
+    index = Path(args.index)
+    report_csv = Path(args.report_csv) if args.report_csv else index.parent / paths.REPORT_DIR.name / "comparison.csv"
+    try:
+        print(rebuild_index(index, args.runs_dir, report_csv=report_csv).message)
+    except ResultsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

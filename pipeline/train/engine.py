@@ -1,0 +1,297 @@
+"""The round loop shared by every method.
+
+One round, top to bottom (Trainer.run_round):
+  1. pick the participating clients (seeded, `train.participation`);
+  2. the method's server half makes each selected client's download (`configure`);
+  3. the executor runs the client halves (local training) and collects their uploads (each
+     selected client gets a fresh SGD optimizer first when `train.fresh_optimizer` is on);
+  4. the server half folds the uploads into its state (`aggregate`);
+  5. every `eval_every` rounds, evaluate *all* clients on their own test split;
+  6. write the round to the run's results file (one transaction) and checkpoint it atomically.
+The engine records every payload that crosses steps 2-4 (and the per-step exchange hook) in the
+byte ledger, so no method counts its own bytes.
+
+Round 0 is set-up: one-time traffic (FedCache's hash upload) and an evaluation of the
+initial models. Client state (model, optimizer) persists across rounds. Randomness comes
+from named seed streams keyed by (round, client), so a resumed run draws exactly what an
+uninterrupted one would, whichever executor runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from pipeline.experiments import dvc as experiments
+from pipeline.train import checkpoint
+from pipeline.federation.clients import Context, build_clients
+from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
+from pipeline.data.datasets import ImageDataset
+from pipeline.devices import resolve_device
+from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+from pipeline.data.partition import Partition
+from pipeline.seeds import rng
+
+if TYPE_CHECKING:  # the training core runs without the service libraries (bench/gpu_check.sh)
+    from pipeline.config import Params
+    from pipeline.results.store import ResultsDB
+
+
+class Timer:
+    """Wall seconds per named section within a round (for the benchmark)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
+    """Identifies a run's inputs; a checkpoint is resumed only when this matches."""
+    h = hashlib.sha256(json.dumps({"algorithm": algorithm, "params": params.model_dump(mode="json", by_alias=True)},
+                                  sort_keys=True).encode())
+    for f in files:
+        h.update(Path(f).read_bytes() if Path(f).is_file() else b"-")
+    return h.hexdigest()
+
+
+def run_round(method, executor, round_: int, selected: list[int], timer: Timer | None = None) -> None:
+    """One round of training, top to bottom: downloads, local updates, uploads, aggregation.
+    Every payload that crosses the client/server boundary is counted here, and only here."""
+    timer = timer or Timer()
+    ledger = method.ctx.ledger
+
+    def record_download(client: int, payload: Payload) -> None:
+        if payload.sender is None:
+            ledger.record(round_, client, DOWN, payload)
+        else:  # from another client over a directed edge: counted once, on the sender's side
+            ledger.record(round_, payload.sender, UP, payload, peer=client)
+
+    def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
+        """The per-step hook: count the step's uploads, ask the server half, count its answers."""
+        with timer("exchange"):
+            for k, p in uploads.items():
+                ledger.record(round_, k, UP, p)
+            downloads = method.exchange(round_, uploads)
+            for k, p in downloads.items():
+                record_download(k, p)
+            return downloads
+
+    with timer("exchange"):
+        downloads = method.configure(round_, selected)
+        for k in selected:
+            for p in downloads[k]:
+                record_download(k, p)
+    if method.ctx.params.train.fresh_optimizer:  # the official FedCache code builds a new SGD every round
+        for k in selected:
+            method.ctx.clients[k].new_optimizer()
+    uploads = executor.run(method, round_, selected, downloads, exchange)
+    with timer("exchange"):
+        for k in selected:
+            for p in uploads[k].payloads:
+                ledger.record(round_, k, UP, p)
+        method.aggregate(round_, uploads)
+
+
+def make_executor(params: Params, method_cls):
+    """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
+    vectorized, or its client half calls the per-step exchange hook, which cannot run on a Dask worker."""
+    if params.train.executor == "sequential":
+        return SequentialExecutor()
+    if params.train.executor == "dask":
+        if method_cls.client_cls(params, 0).uses_exchange:  # the client half as the method builds it
+            print(f"{method_cls.name}: runs on the sequential executor in the flow's process, not on Dask (its client "
+                  "half calls the per-step exchange hook, as fedcache.consistency live does, which needs the server "
+                  "half at every step; fedcache.consistency round runs on Dask)", flush=True)
+            return SequentialExecutor()
+        from pipeline.train.dask_executor import DaskExecutor  # Prefect and Dask only when asked for
+
+        return DaskExecutor(params.train.dask_address, params.train.dask_workers)
+    why = method_cls.vectorized_unsupported(params)
+    if why:
+        print(f"{method_cls.name}: runs on the sequential executor ({why})", flush=True)
+        return SequentialExecutor()
+    return VectorizedExecutor(params.train.group_size)
+
+
+class Trainer:
+    def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
+                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False):
+        self.executor = make_executor(params, algorithm_cls)
+        torch.set_num_threads(params.train.threads or self.executor.threads)
+        self.params = params
+        self.device = resolve_device(params.device)
+        self.results = results
+        self.checkpoint_path = Path(checkpoint_path)
+        self.dataset_name = ds.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.hetero = hetero
+        self.setting = "hetero" if hetero else "homo"
+        self.ctx = Context(params, build_clients(params, part, ds, self.device, hetero), Ledger(), part, self.device,
+                           run_dir, ds.num_classes, hetero)
+        self.timer = Timer()
+        self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
+        self.algorithm = algorithm_cls(self.ctx)
+        inputs = algorithm_cls.inputs() if input_files is None else input_files
+        self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
+        self.run_id = ""
+        self.history: list[tuple[int, float | None]] = []
+
+    # -- the loop --------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Resume from a matching checkpoint whose rows the results file holds, or start a new run with round 0
+        (set-up; a per-run results file is cleared first, see pipeline.results.store.RunResultsDB). Returns the next round."""
+        state = checkpoint.load(self.checkpoint_path)
+        if state is not None and state["fingerprint"] == self.fingerprint:
+            problem = self.results.resume_problem(state["run_id"])  # its rows up to the checkpoint must be there
+            if problem is None:
+                self._restore(state)
+                self.results.drop_after(self.run_id, state["round"])
+                return state["round"] + 1
+            print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
+                  flush=True)
+        self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        exp = experiments.current()  # set by `dvc exp run`: recorded with the run, for sweeps
+        self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
+                               self.params.model_dump(mode="json", by_alias=True), git_revision(),
+                               experiment=exp.name if exp else None, changed=experiments.changed_params(self.params, exp))
+        start = time.perf_counter()
+        self.timer.reset()
+        with self.timer("exchange"):
+            for k, payloads in self.algorithm.setup().items():  # one-time traffic, counted as round 0
+                for p in payloads:
+                    self.ctx.ledger.record(SETUP_ROUND, k, UP, p)
+        self._finish_round(SETUP_ROUND, start)
+        return 1
+
+    def run_round(self, round_: int) -> None:
+        start = time.perf_counter()
+        self.timer.reset()
+        with self.timer("select"):
+            selected = self.select_clients(round_)
+        run_round(self.algorithm, self.executor, round_, selected, self.timer)
+        self._finish_round(round_, start)
+
+    def finish(self) -> dict:
+        self.results.finish_run(self.run_id)
+        summary = self.summary()
+        self.checkpoint_path.unlink(missing_ok=True)  # the run is complete; its rows are in its results file
+        return summary
+
+    def run(self) -> dict:
+        try:
+            for round_ in range(self.start(), self.params.train.rounds + 1):
+                self.run_round(round_)
+            return self.finish()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release what the executor holds (the dask executor's cluster); safe to call twice."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+
+    # -- parts -----------------------------------------------------------------------
+
+    def select_clients(self, round_: int) -> list[int]:
+        K = len(self.ctx.clients)
+        m = max(1, round(self.params.train.participation * K))
+        if m == K:
+            return list(range(K))
+        return sorted(rng(self.params.seed, "sampling", round_).choice(K, m, replace=False).tolist())
+
+    def _finish_round(self, round_: int, start: float) -> None:
+        t = self.params.train
+        timer = self.timer
+        rows: list[tuple[int, float, int]] = []
+        extras: dict[str, float] = {}
+        if round_ % t.eval_every == 0 or round_ == t.rounds:
+            with timer("eval"):
+                rows, extras = self.algorithm.evaluate(round_)
+        # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
+        tested = [a for _, a, n in rows if n > 0]
+        mean_acc = float(np.mean(tested)) if tested else None
+        with timer("db"):
+            self.algorithm.end_round(round_)
+            ledger = self.ctx.ledger
+            self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
+                                     time.perf_counter() - start, rows, ledger.rows(round_), extras)
+        self.history.append((round_, mean_acc))
+        if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
+            with timer("checkpoint"):
+                checkpoint.save(self.checkpoint_path, self._state(round_))
+        for name, seconds in timer.seconds.items():
+            self.seconds[name] += seconds
+        self.seconds["rounds"] += time.perf_counter() - start
+
+    def _state(self, round_: int) -> dict:
+        return {
+            "fingerprint": self.fingerprint,
+            "run_id": self.run_id,
+            "round": round_,
+            "clients": [{"model": c.model.state_dict(), "optimizer": c.optimizer.state_dict(), "state": dict(c.state)}
+                        for c in self.ctx.clients],
+            "algorithm": self.algorithm.state_dict(),
+            "ledger": self.ctx.ledger.state_dict(),
+            "history": list(self.history),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.run_id = state["run_id"]
+        for c, s in zip(self.ctx.clients, state["clients"]):
+            c.model.load_state_dict(s["model"])
+            c.optimizer.load_state_dict(s["optimizer"])
+            c.state = dict(s["state"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.ctx.ledger.load_state_dict(state["ledger"])
+        self.history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def summary(self) -> dict:
+        evaluated = [(r, a) for r, a in self.history if a is not None]
+        ledger = self.ctx.ledger
+        return {
+            "run_id": self.run_id,
+            "algorithm": self.algorithm.name,
+            "dataset": self.dataset_name,
+            "setting": self.setting,
+            "rounds": self.params.train.rounds,
+            "maua": max(a for _, a in evaluated),
+            "final_acc": evaluated[-1][1],
+            "bytes_total": ledger.total(),
+            "bytes_setup": ledger.total() - ledger.total(setup=False),
+            "bytes_up": ledger.total(direction=UP),
+            "bytes_down": ledger.total(direction=DOWN),
+            # wall seconds of this process's rounds (set-up round 0 included) and of their parts: where a stage's time goes
+            "seconds": {name: round(v, 3) for name, v in sorted(self.seconds.items())},
+        }
