@@ -49,7 +49,7 @@ def build_fedavg(setting: str, device: str, group_size: int, synthetic: bool, se
     import torch
 
     import torch_harness as h
-    from pipeline.methods.fedavg.method import FedAvg
+    from pipeline.federation.averaging import FedAvg
     from pipeline.federation.clients import Context, build_clients
     from pipeline.federation.ledger import Ledger
     from pipeline.data.partition import make_partition

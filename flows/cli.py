@@ -9,22 +9,16 @@ from typing import Callable
 from prefect import Flow
 
 from flows.api import ensure_api
-from pipeline.index.neighbours import NeighbourError
-from pipeline.index.store import CacheStoreError
-from pipeline.config import ConfigError, load_params
-from pipeline.data.datasets import DatasetNotFoundError
-from pipeline.errors import InputFileError
-from pipeline.index.encoder import EncoderError
-from pipeline.errors import ResultsError
-from pipeline.data.partition import PartitionError
+from pipeline.config import load_params
+from pipeline.errors import UserError
 
 # Errors caused by the user's params or files: shown as one message, exit code 2.
-USER_ERRORS = (ConfigError, DatasetNotFoundError, PartitionError, EncoderError, NeighbourError, CacheStoreError,
-               ResultsError, InputFileError, FileNotFoundError)
+USER_ERRORS = (UserError, FileNotFoundError)
 
 
 def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = (),
-              flags: tuple[str, ...] = ()) -> int:
+              flags: tuple[str, ...] = (), methods: Callable[[dict], tuple[str, ...]] = lambda args: ()) -> int:
+    """Run a stage's flow from its command line; `methods(args)`: the method sections it reads."""
     parser = argparse.ArgumentParser(description=flow_fn.__doc__)
     for name in positional:
         parser.add_argument(name)
@@ -35,7 +29,7 @@ def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, pos
     params_file = args.pop("params")
     # Validate before Prefect starts: bad input fails in a second, before any work.
     try:
-        load_params(params_file)
+        load_params(params_file, methods(args))
         if isinstance(flow_fn, Flow):
             ensure_api()  # one Prefect server per `dvc repro`, gone when it is (flows/api.py)
         flow_fn(params_file=params_file, **args)

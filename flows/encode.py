@@ -28,7 +28,7 @@ def encode_client(encoder, images: np.ndarray, params: Params, device) -> np.nda
 
 @flow(name="encode")
 def encode_flow(params_file: str = "params.yaml") -> dict:
-    params = load_params(params_file)
+    params = load_params(params_file, methods=())  # the shared sections: it runs no method
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
     device = resolve_device(params.device)

@@ -13,10 +13,10 @@ from prefect import flow, task
 
 from flows.logs import log_progress
 from pipeline import paths, progress
-from pipeline.index.neighbours import build_relations, label_neighbours
+from pipeline.index.neighbours import build_relations, check_neighbours_fit, label_neighbours
 from pipeline.index.hashes import load_hashes
 from pipeline.index.store import create_cache
-from pipeline.config import Params, check_against_data, load_params
+from pipeline.config import Params, load_params
 from pipeline.data.partition import Partition
 
 
@@ -35,12 +35,12 @@ def write_cache(part: Partition, codes: np.ndarray, relations: np.ndarray, param
 
 @flow(name="index")
 def index_flow(params_file: str = "params.yaml") -> dict:
-    params = load_params(params_file)
+    params = load_params(params_file, methods=())  # the shared sections: it runs no method
     part = Partition.load(paths.PARTITION)
     codes = load_hashes(paths.HASHES, part.num_train)
     labels, clients = part.train_labels, part.train_client()
     sizes = {int(c): int(n) for c, n in zip(*np.unique(labels, return_counts=True))}
-    check_against_data(params, class_sizes=sizes)
+    check_neighbours_fit(params.index.R, sizes)
 
     start = time.perf_counter()
     with progress.bar(len(sizes), "index", "label") as searched:

@@ -10,15 +10,15 @@ import flows  # noqa: F401  (offline-safe Prefect settings)
 from prefect import flow, task
 
 from pipeline import paths
-from pipeline.config import Params, check_against_data, load_params
+from pipeline.config import Params, load_params
 from pipeline.data.datasets import load_dataset
-from pipeline.data.partition import Partition, make_partition, partition_stats, write_stats
+from pipeline.data.partition import Partition, check_clients_fit, make_partition, partition_stats, write_stats
 
 
 @task
 def split(params: Params) -> Partition:
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
-    check_against_data(params, np.bincount(ds.train_y, minlength=ds.num_classes))  # what the split will use
+    check_clients_fit(params.partition, np.bincount(ds.train_y, minlength=ds.num_classes))  # what the split will use
     return make_partition(ds.train_y, ds.test_y, ds.num_classes, params.partition, params.seed)
 
 
@@ -32,7 +32,7 @@ def save(part: Partition) -> dict:
 
 @flow(name="partition")
 def partition_flow(params_file: str = "params.yaml") -> dict:
-    params = load_params(params_file)
+    params = load_params(params_file, methods=())  # the shared sections: it runs no method
     stats = save(split(params))
     s = stats["train_per_client"]
     print(f"partition: {stats['num_clients']} clients, {stats['num_train']} train / {stats['num_test']} test samples "

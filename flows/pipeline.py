@@ -27,7 +27,7 @@ def pipeline_flow(params_file: str = "params.yaml") -> dict:
         "encode": encode_flow(params_file),
         "index": index_flow(params_file),
     }
-    train = load_params(params_file).train
+    train = load_params(params_file, methods=()).train
     for algorithm in train.algorithms:
         out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
     for algorithm in train.hetero_algorithms:

@@ -57,7 +57,7 @@ def gather(params: Params) -> list[tuple[dict, str]]:
 
 @flow(name="report")
 def report_flow(params_file: str = "params.yaml") -> list[dict]:
-    params = load_params(params_file)
+    params = load_params(params_file, methods=())  # the shared sections: it runs no method
     return make_report(params, gather(params))
 
 

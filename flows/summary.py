@@ -10,7 +10,7 @@ from pipeline.config import load_params
 
 
 def main() -> None:
-    params = load_params()
+    params = load_params(methods=())
     stats = json.loads(paths.PARTITION_STATS.read_text())
     info = json.loads(paths.HASHES_INFO.read_text())
     meta = read_meta(params.cache_db_path)

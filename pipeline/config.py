@@ -1,45 +1,51 @@
 """Typed params: load params.yaml, validate it, fail early with one clear message.
 
-Every knob of the pipeline lives in params.yaml; this module is its schema. Validation
-happens when a stage starts, before any work, so a bad value never leaves half-written
-outputs behind. Checks that need the data (R against the smallest class, K against the
-number of samples) live in `check_against_data`, called by the stages once the dataset
-sizes are known (still before any output is written).
+Every knob of the pipeline lives in params.yaml; this module is its schema. The shared sections
+(data, partition, encode, index, train, report) are defined here; each method's section is its
+own `pipeline/methods/<name>/params.py` (a `MethodParams` subclass), found by the registry.
+Nothing here imports torch or method code: `names()` lists the method folders, and a method's
+params module is imported only when its section is validated.
+
+A stage validates the sections it reads, before any work, so a bad value never leaves
+half-written outputs behind: the data stages the shared sections (`load_params(methods=())`), a
+training stage those plus its own method's, everything else (presets, sweeps, tests) every
+section. Checks that need the data (K against the number of samples, R against the smallest
+class) live beside the code they guard: `pipeline.data.partition.check_clients_fit` and
+`pipeline.index.neighbours.check_neighbours_fit`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 DATASETS = ("fashion_mnist", "mnist", "cifar10")
 ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
 
-
-from pipeline.methods.registry import REGISTRY
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
-from pipeline.data.partition import samples_used
+from pipeline.methods import registry
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # forbid: a typo in a key is an error, not a silently ignored knob.
     # strict: a wrong type is an error, not coerced (`num_clients: yes` is not 1 client,
     # `alpha: "1.0"` is not a number); ints are still accepted where a float is expected.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class DataParams(_Section):
+class DataParams(Section):
     dataset: Literal["fashion_mnist", "mnist", "cifar10"] = "fashion_mnist"
     root: str = "data/raw"
     download: bool = False
 
 
-class PartitionParams(_Section):
+class PartitionParams(Section):
     scheme: Literal["dirichlet", "pathological"] = "dirichlet"
     num_clients: int = Field(30, ge=1)
     alpha: float = Field(1.0, gt=0, allow_inf_nan=False)
@@ -60,7 +66,7 @@ class PartitionParams(_Section):
         return self
 
 
-class EncodeParams(_Section):
+class EncodeParams(Section):
     encoder: Literal["hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small"] = "simhash"
     dim: int = Field(256, ge=8, le=4096)
     image_size: int = Field(32, ge=16, le=512)
@@ -80,7 +86,7 @@ class EncodeParams(_Section):
         return bits
 
 
-class IndexParams(_Section):
+class IndexParams(Section):
     R: int = Field(16, ge=1)
     same_client: bool = True
     exact_max: int = Field(20000, ge=1)
@@ -100,15 +106,33 @@ class IndexParams(_Section):
         return db_url
 
 
-# The methods, as the registry declares them (each method's module says whether it needs one architecture).
-ALGORITHMS = tuple(REGISTRY)
-AlgorithmName = Literal[ALGORITHMS]  # type: ignore[valid-type]
-HOMOGENEOUS_ONLY = tuple(name for name, method in REGISTRY.items() if method.homogeneous_only)
+class MethodParams(Section):
+    """A method's params.yaml section: subclass it in pipeline/methods/<name>/params.py."""
+
+    # True for methods that average parameters: the same architecture on every client, so the
+    # method cannot be listed in train.hetero_algorithms
+    homogeneous_only: ClassVar[bool] = False
+    # this section's values for the smallest setting the tests run every method on (3 clients of 30
+    # samples, tests/test_conformance.py), where a default is made for 30 clients
+    tiny_setting: ClassVar[dict[str, Any]] = {}
+
+    def check(self, params: Any) -> None:
+        """Rules that tie this section to the shared ones (params.train, ...): raise ValueError."""
 
 
-class TrainParams(_Section):
-    algorithms: list[AlgorithmName] = list(ALGORITHMS)
-    hetero_algorithms: list[AlgorithmName] = []
+def _known_method(name: str) -> str:
+    if name not in registry.names():
+        raise ValueError(f"unknown method {name!r}; the methods are {', '.join(registry.names())} "
+                         "(one folder each under pipeline/methods/)")
+    return name
+
+
+MethodName = Annotated[str, AfterValidator(_known_method)]
+
+
+class TrainParams(Section):
+    algorithms: list[MethodName] = Field(default_factory=lambda: list(registry.names()))
+    hetero_algorithms: list[MethodName] = []
     rounds: int = Field(30, ge=1)
     eval_every: int = Field(1, ge=1)
     participation: float = Field(1.0, gt=0, le=1)
@@ -147,14 +171,14 @@ class TrainParams(_Section):
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
-            raise ValueError(f"must be a list without repeats, drawn from {', '.join(ALGORITHMS)}")
+            raise ValueError(f"must be a list without repeats, drawn from {', '.join(registry.names())}")
         return v
 
     @model_validator(mode="after")
     def _something_to_train(self) -> "TrainParams":
         if not self.algorithms and not self.hetero_algorithms:
             raise ValueError("train.algorithms and train.hetero_algorithms are both empty: list at least one "
-                             f"method in either, drawn from {', '.join(ALGORITHMS)}")
+                             f"method in either, drawn from {', '.join(registry.names())}")
         return self
 
     @field_validator("hetero_algorithms")
@@ -162,120 +186,11 @@ class TrainParams(_Section):
     def _hetero(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError("must not repeat an algorithm")
-        for name in HOMOGENEOUS_ONLY:
-            if name in v:
-                raise ValueError(f"{name} averages model parameters, so it needs the same model on every client; "
-                                 "remove it from the heterogeneous runs")
         return v
 
 
-class FedCacheParams(_Section):
-    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
-    T: float = Field(3.0, gt=0, allow_inf_nan=False)
-    consistency: Literal["live", "round", "step"] = "live"
-    cold_start: Literal["skip", "zeros"] = "skip"
-
-
-class FDParams(_Section):
-    gamma: float = Field(1.0, ge=0, allow_inf_nan=False)
-
-
-class FedAvgParams(_Section):
-    eval_model: Literal["personalized", "global"] = "personalized"
-
-
-class FedProtoParams(_Section):
-    lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")
-    eval: Literal["classifier", "prototype"] = "classifier"
-    prototype: Literal["mean", "median"] = "mean"
-    aggregation: Literal["count", "uniform", "confidence"] = "count"
-    align: bool = False
-    align_dim: int = Field(64, ge=1)
-    compress: bool = False
-    topk_fraction: float = Field(0.1, gt=0, le=1)
-
-
-class PDFLParams(_Section):
-    edge_prob: float = Field(0.25, gt=0, le=1)
-    min_degree: int = Field(4, ge=1)
-    max_redraws: int = Field(100, ge=1)
-    topology: Literal["static", "redraw", "subsample"] = "redraw"
-    subsample_fraction: float = Field(0.5, gt=0, le=1)
-    heads: int = Field(4, ge=1)
-    attention: bool = True
-    attention_steps: int = Field(20, ge=0)
-    attention_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
-    attention_samples: int | None = Field(64, ge=1)
-    order: Literal["head_then_body", "body_then_head"] = "body_then_head"
-    internal_kd: bool = True
-    external_kd: bool = True
-    external_peers: int = Field(2, ge=1)
-    external_steps: int = Field(10, ge=1)
-    external_calibrate: bool = False
-    kd_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
-    T: float = Field(3.0, gt=0, allow_inf_nan=False)
-    top_k: int = Field(2, ge=1)
-
-
-class FedAltParams(_Section):
-    tau: int = Field(5, ge=1)
-    capacity: list[float] = [0.3, 0.4, 0.3]
-    congestion: float = Field(0.2, ge=0, le=1, allow_inf_nan=False)
-    lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")
-    T: float = Field(3.0, gt=0, allow_inf_nan=False)
-    distill: Literal["two_way", "one_way"] = "two_way"
-    distill_warmup: int = Field(0, ge=0)
-
-    @field_validator("capacity")
-    @classmethod
-    def _capacity(cls, v: list[float]) -> list[float]:
-        if len(v) != 3:
-            raise ValueError(f"must list 3 probabilities, P(compute tier = 1, 2, 3 blocks) of the multi-exit "
-                             f"ResNet-20's 3 blocks; got {len(v)}")
-        if any(not (p >= 0 and p <= 1) for p in v):
-            raise ValueError("every probability must lie in [0, 1]")
-        if abs(sum(v) - 1) > 1e-6:
-            raise ValueError(f"the probabilities must sum to 1; they sum to {sum(v):g}")
-        return v
-
-
-class LocalParams(_Section):
-    pass
-
-
-class MTFLParams(_Section):
-    pass
-
-
-class PFedMeParams(_Section):
-    eta: float = Field(0.005, gt=0, allow_inf_nan=False)
-    lambda_: float = Field(15.0, gt=0, allow_inf_nan=False, alias="lambda")
-    beta: float = Field(1.0, gt=0, le=2, allow_inf_nan=False)
-
-
-class _ServerModelParams(_Section):
-    """The server-model knobs FedDKC and FedICT share (pipeline/methods/gkt.py)."""
-
-    server_model: Literal["a4s", "a3"] = "a4s"
-    server_epochs: int = Field(1, ge=1)
-    server_batch_size: int | None = Field(None, ge=1)
-
-
-class FedDKCParams(_ServerModelParams):
-    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
-    T: float = Field(0.12, gt=0, le=1, allow_inf_nan=False)
-    temperature: float = Field(3.0, gt=0, allow_inf_nan=False)
-
-
-class FedICTParams(_ServerModelParams):
-    beta: float = Field(1.5, ge=0, allow_inf_nan=False)
-    lambda_: float = Field(1.5, ge=0, allow_inf_nan=False, alias="lambda")
-    mu: float = Field(1.5, ge=0, allow_inf_nan=False)
-    T: float = Field(3.0, gt=0, allow_inf_nan=False)
-
-
-class ReportParams(_Section):
-    baseline: AlgorithmName = "fedavg"
+class ReportParams(Section):
+    baseline: MethodName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
         "fashion_mnist": 0.75, "mnist": 0.90, "cifar10": 0.50}
 
@@ -288,7 +203,9 @@ class ReportParams(_Section):
         return v
 
 
-class Params(_Section):
+class CoreParams(Section):
+    """The shared sections, which every stage reads."""
+
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     data: DataParams = DataParams()
@@ -296,25 +213,19 @@ class Params(_Section):
     encode: EncodeParams = EncodeParams()
     index: IndexParams = IndexParams()
     train: TrainParams = TrainParams()
-    fedcache: FedCacheParams = FedCacheParams()
-    fd: FDParams = FDParams()
-    fedavg: FedAvgParams = FedAvgParams()
-    fedproto: FedProtoParams = FedProtoParams()
-    pdfl: PDFLParams = PDFLParams()
-    fedalt: FedAltParams = FedAltParams()
-    local: LocalParams = LocalParams()
-    mtfl: MTFLParams = MTFLParams()
-    pfedme: PFedMeParams = PFedMeParams()
-    feddkc: FedDKCParams = FedDKCParams()
-    fedict: FedICTParams = FedICTParams()
     report: ReportParams = ReportParams()
 
     @model_validator(mode="after")
-    def _step_needs_lockstep(self) -> "Params":
-        if self.fedcache.consistency == "step" and self.train.executor != "vectorized":
-            raise ValueError("fedcache.consistency = 'step' makes all clients take each local step together, which "
-                             f"only the vectorized executor does; train.executor is {self.train.executor!r}: set "
-                             "train.executor: vectorized, or choose fedcache.consistency live or round")
+    def _method_rules(self) -> "CoreParams":
+        # the sections this stage reads (a method's rules are checked where its section is)
+        for name in registry.names():
+            section = getattr(self, name, None)
+            if not isinstance(section, MethodParams):
+                continue
+            if section.homogeneous_only and name in self.train.hetero_algorithms:
+                raise ValueError(f"train.hetero_algorithms lists {name}, which averages model parameters, so it "
+                                 "needs the same model on every client; remove it from the heterogeneous runs")
+            section.check(self)
         return self
 
     @property
@@ -322,9 +233,35 @@ class Params(_Section):
         return Path(self.index.db_url.removeprefix("sqlite:///"))
 
 
-def _allowed_keys(loc: tuple) -> list[str] | None:
+def _model_name(methods: tuple[str, ...]) -> str:
+    return "Params" if methods == registry.names() else "Params__" + "__".join(methods)
+
+
+@cache
+def params_model(methods: tuple[str, ...]) -> type[CoreParams]:
+    """The params schema with these methods' sections (each from its own params.py)."""
+    sections: dict[str, Any] = {}
+    for name in methods:
+        cls = registry.params_class(name)
+        sections[name] = (cls, cls())
+    return create_model(_model_name(methods), __base__=CoreParams, __module__=__name__, **sections)
+
+
+if TYPE_CHECKING:
+    Params = CoreParams  # type checkers see the shared sections; a method's section is an attribute
+else:
+    def __getattr__(name: str):
+        # `from pipeline.config import Params`: the schema with every method's section. The
+        # subsets (`Params__fd`, ...) resolve by name too, so their instances pickle (Dask workers).
+        if name == "Params":
+            return params_model(registry.names())
+        if name.startswith("Params__") or name == "Params__":
+            return params_model(tuple(m for m in name.removeprefix("Params__").split("__") if m))
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
     """The keys the section holding `loc` accepts (for the unknown-key message)."""
-    model: type[BaseModel] = Params
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
         sub = field.annotation if field is not None else None
@@ -334,12 +271,12 @@ def _allowed_keys(loc: tuple) -> list[str] | None:
     return list(model.model_fields)
 
 
-def _format_error(err: ValidationError, source: str) -> str:
+def _format_error(err: ValidationError, source: str, model: type[BaseModel]) -> str:
     lines = [f"invalid params in {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(e["loc"])
+            allowed = _allowed_keys(model, e["loc"])
             allowed_txt = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
             lines.append(f"  {key} = {e['input']!r}: unknown key (check the spelling in params.yaml){allowed_txt}")
             continue
@@ -349,14 +286,23 @@ def _format_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_params(raw: dict, source: str = "params") -> Params:
-    """Validate a params mapping; raise ConfigError naming every bad key."""
+def parse_params(raw: dict, source: str = "params", methods: Iterable[str] | None = None) -> CoreParams:
+    """Validate a params mapping; raise ConfigError naming every bad key.
+
+    `methods`: the method sections to validate (None: all). The sections of other methods are
+    left out unread, so a stage never loads the code of a method it does not run."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    methods = registry.names() if methods is None else tuple(methods)
+    for name in methods:
+        if name not in registry.names():
+            raise ConfigError(f"{source}: unknown method {name!r}; the methods are {', '.join(registry.names())}")
+    skipped = set(registry.names()) - set(methods)
+    model = params_model(methods)
     try:
-        return Params.model_validate(raw)
+        return model.model_validate({k: v for k, v in raw.items() if k not in skipped})
     except ValidationError as err:
-        raise ConfigError(_format_error(err, source)) from None
+        raise ConfigError(_format_error(err, source, model)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -373,7 +319,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
+def load_params(path: str | Path = "params.yaml", methods: Iterable[str] | None = None) -> CoreParams:
+    """params.yaml, validated: the shared sections and `methods`' own (None: every method's)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"params file not found: {path} (run from the project root)")
@@ -383,32 +330,4 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return parse_params(raw, str(path))
-
-
-def check_against_data(params: Params, train_class_sizes: Sequence[int] | None = None,
-                       class_sizes: dict[int, int] | None = None) -> None:
-    """Checks that need the dataset, called before a stage writes anything.
-
-    `train_class_sizes`: the dataset's training samples per class (the partition stage). K times
-    min_samples is checked against the samples the split will use, counted by the same function
-    the split uses (`pipeline.data.partition.samples_used`), so this check and the split agree.
-    `class_sizes`: the per-label sample counts after partitioning (the index stage: what the
-    neighbour search runs over); R must be below the smallest.
-    """
-    p = params.partition
-    if train_class_sizes is not None:
-        used = samples_used(train_class_sizes, p)
-        if p.num_clients * p.min_samples > used:
-            raise ConfigError(
-                f"partition.num_clients = {p.num_clients}: with partition.min_samples = {p.min_samples} "
-                f"it needs at least {p.num_clients * p.min_samples} training samples, but only "
-                f"{used} are used; lower num_clients or min_samples, or use more data"
-            )
-    if class_sizes is not None:
-        smallest_label, smallest = min(class_sizes.items(), key=lambda kv: kv[1])
-        if params.index.R >= smallest:
-            raise ConfigError(
-                f"index.R = {params.index.R}: must be smaller than the smallest class "
-                f"(label {smallest_label} has {smallest} samples, so R <= {smallest - 1})"
-            )
+    return parse_params(raw, str(path), methods)

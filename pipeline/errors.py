@@ -1,11 +1,16 @@
 """Errors with a message meant for the user (kept free of any library, so the training core is too)."""
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Caused by the user's params or files: a stage shows the message alone (no traceback) and exits 2.
+    The errors of each stage's inputs subclass it, so the stage CLI needs none of their modules."""
+
+
+class ConfigError(UserError, ValueError):
     """A params.yaml problem; the message names the key, the value and what is allowed."""
 
 
-class ResultsError(Exception):
+class ResultsError(UserError):
     """A results file (pipeline/results/store.py) is damaged, not a results file, or does not hold what it
     should; the message is one line naming the file and what rebuilds it."""
 
@@ -15,6 +20,6 @@ class ResultsError(Exception):
         self.why = why  # the underlying reason, one line
 
 
-class InputFileError(ValueError):
+class InputFileError(UserError, ValueError):
     """A stage's input file (partition, hashes) is damaged or not what it should be; the message
     names the file and the command that rebuilds it."""

@@ -14,10 +14,19 @@ from pipeline.config import (
     ENCODERS,
     ConfigError,
     Params,
-    check_against_data,
     load_params,
     parse_params,
 )
+from pipeline.data.partition import check_clients_fit
+from pipeline.index.neighbours import check_neighbours_fit
+
+
+def check_against_data(params, train_class_sizes=None, class_sizes=None) -> None:
+    """What the partition stage (K clients fit) and the index stage (R neighbours fit) check before any work."""
+    if train_class_sizes is not None:
+        check_clients_fit(params.partition, train_class_sizes)
+    if class_sizes is not None:
+        check_neighbours_fit(params.index.R, class_sizes)
 
 
 # ------------------------------------------------------------------ the default file

@@ -17,7 +17,8 @@ from pipeline.methods.fedalt.method import (FedAlt, aggregate, blocks_sent, comb
                                        distill_weight, fedalt_loss_rows, full_round)
 from pipeline.federation.clients import evaluate_model
 from pipeline.federation.ledger import nbytes
-from pipeline.config import ConfigError, FedAltParams, parse_params
+from pipeline.config import ConfigError, parse_params
+from pipeline.methods.fedalt.params import FedAltParams
 from pipeline.train.engine import Trainer
 from pipeline.federation.losses import kd_rows
 from pipeline.results.store import ResultsDB
@@ -202,7 +203,7 @@ def test_distillation_alone_trains_the_exits_and_in_two_way_the_final_head(disti
 
 def test_refuses_heterogeneous_models():
     with pytest.raises(ConfigError, match="same model"):
-        FedAlt(SimpleNamespace(hetero=True))
+        FedAlt(SimpleNamespace(hetero=True, params=parse_params({})))
 
 
 def _trainer(params, part, mnist):

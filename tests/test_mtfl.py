@@ -6,7 +6,7 @@ import torch
 
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
-from pipeline.methods.fedavg.method import weighted_average
+from pipeline.federation.averaging import weighted_average
 from pipeline.methods.mtfl.method import MTFLClient, private_names, shared_state
 from pipeline.federation.ledger import Payload
 from pipeline.train.engine import Trainer

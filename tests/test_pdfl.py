@@ -14,7 +14,8 @@ from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.pdfl.method import (attention_weights, calibrate, init_projections, internal_teacher,
                                       mixture_nll, model_state, ranked, train_attention)
-from pipeline.config import ConfigError, PDFLParams
+from pipeline.config import ConfigError, parse_params
+from pipeline.methods.pdfl.params import PDFLParams
 from pipeline.train.engine import Trainer
 from pipeline.federation.losses import soft_kd_rows
 from pipeline.results.store import ResultsDB
@@ -366,4 +367,4 @@ def test_heterogeneous_models_are_refused():
     from pipeline.methods.pdfl.method import PDFL
 
     with pytest.raises(ConfigError, match="train.hetero_algorithms"):
-        PDFL(SimpleNamespace(hetero=True))
+        PDFL(SimpleNamespace(hetero=True, params=parse_params({})))

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from pipeline import paths
+from pipeline.methods import registry
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.fd.method import leave_one_out
 from pipeline.federation.losses import soft_ce_rows
-from pipeline.methods.fedavg.method import weighted_average
+from pipeline.federation.averaging import weighted_average
 from pipeline.config import ConfigError
 from pipeline.train.engine import Trainer
 from pipeline.results.store import ResultsDB
@@ -106,13 +107,16 @@ def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
     assert 0 <= summary["maua"] <= 1
 
 
-@pytest.mark.parametrize("name", [n for n, cls in REGISTRY.items() if cls.homogeneous_only])
+@pytest.mark.parametrize("name", [n for n in REGISTRY if registry.params_class(n).homogeneous_only])
 def test_config_refuses_homogeneous_only_methods_in_heterogeneous_runs(name):
     from conftest import tiny_params_raw
     from pipeline.config import parse_params
 
-    with pytest.raises(ConfigError, match=f"train.hetero_algorithms.*{name} averages model parameters"):
+    assert name in ("fedavg", "fedalt", "mtfl", "pdfl", "pfedme")  # the parameter-sharing methods
+    with pytest.raises(ConfigError, match=f"train.hetero_algorithms lists {name}, which averages model parameters"):
         parse_params(tiny_params_raw({"train": {"hetero_algorithms": [name]}}))
+    with pytest.raises(ConfigError, match="averages model parameters"):  # its own stage checks it too
+        parse_params(tiny_params_raw({"train": {"hetero_algorithms": [name]}}), methods=(name,))
 
 
 def test_every_registered_method_has_its_params_section():

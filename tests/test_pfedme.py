@@ -7,7 +7,7 @@ import torch
 from conftest import with_section
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
-from pipeline.methods.fedavg.method import state_copy
+from pipeline.federation.averaging import state_copy
 from pipeline.methods.pfedme.method import PFedMeClient
 from pipeline.federation.ledger import Payload
 from pipeline.train.engine import SequentialExecutor, Trainer

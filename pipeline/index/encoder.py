@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import EncodeParams
+from pipeline.errors import UserError
 from pipeline.seeds import torch_generator
 
 MOBILENET_DIM = 576  # width of MobileNetV3-small's pooled features
 
 
-class EncoderError(RuntimeError):
+class EncoderError(UserError, RuntimeError):
     pass
 
 

@@ -14,10 +14,22 @@ import faiss
 import numpy as np
 
 from pipeline.config import IndexParams
+from pipeline.errors import ConfigError, UserError
 
 
-class NeighbourError(ValueError):
+class NeighbourError(UserError, ValueError):
     pass
+
+
+def check_neighbours_fit(R: int, class_sizes: dict[int, int]) -> None:
+    """Before any output: R same-label neighbours exist for every sample (R below the smallest
+    class's sample count, after partitioning)."""
+    smallest_label, smallest = min(class_sizes.items(), key=lambda kv: kv[1])
+    if R >= smallest:
+        raise ConfigError(
+            f"index.R = {R}: must be smaller than the smallest class "
+            f"(label {smallest_label} has {smallest} samples, so R <= {smallest - 1})"
+        )
 
 
 def _build_index(codes: np.ndarray, p: IndexParams) -> tuple[faiss.Index, str]:

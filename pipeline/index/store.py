@@ -23,6 +23,8 @@ from sqlalchemy import (
     Column, Engine, Integer, LargeBinary, MetaData, String, Table, create_engine, func, insert, select, update, bindparam,
 )
 
+from pipeline.errors import UserError
+
 metadata = MetaData()
 
 samples = Table(
@@ -54,7 +56,7 @@ cache_meta = Table(
 LOGIT_DTYPE = np.float32
 
 
-class CacheStoreError(RuntimeError):
+class CacheStoreError(UserError, RuntimeError):
     pass
 
 

@@ -112,7 +112,7 @@ def _roomy_malloc() -> None:
 def _warm_worker() -> int:
     """Run once on every worker at start: imports the training core (a worker that cannot, e.g. one
     started outside the project's environment, fails here with its error rather than mid-round)."""
-    import pipeline.methods.registry  # noqa: F401
+    import pipeline.federation.contract  # noqa: F401
     import pipeline.train.dask_executor  # noqa: F401
 
     torch.set_num_threads(1)

@@ -45,14 +45,14 @@ import torch
 
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
 from pipeline.federation.contract import LocalUpdate, Method, Phase, Upload
-from pipeline.methods.fedavg.method import weighted_average
+from pipeline.federation.averaging import weighted_average
 from pipeline.federation.clients import Context, evaluate_model
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
 
 if TYPE_CHECKING:
-    from pipeline.config import FedAltParams
+    from pipeline.methods.fedalt.params import FedAltParams
 
 
 def full_round(tau: int, round_: int) -> bool:
@@ -166,7 +166,6 @@ class FedAltClient(LocalUpdate):
 
 class FedAlt(Method):
     name = "fedalt"
-    homogeneous_only = True
     client_cls = FedAltClient
 
     def __init__(self, ctx: Context):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.federation.contract import LocalUpdate, Upload
-from pipeline.methods.fedavg.method import ParameterAveraging
+from pipeline.federation.averaging import ParameterAveraging
 from pipeline.federation.clients import Context
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows

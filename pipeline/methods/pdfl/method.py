@@ -329,7 +329,6 @@ def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None
 
 class PDFL(Method):
     name = "pdfl"
-    homogeneous_only = True
     client_cls = PDFLClient
 
     def __init__(self, ctx: Context):

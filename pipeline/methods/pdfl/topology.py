@@ -30,7 +30,7 @@ from pipeline.errors import ConfigError
 from pipeline.seeds import rng
 
 if TYPE_CHECKING:
-    from pipeline.config import PDFLParams
+    from pipeline.methods.pdfl.params import PDFLParams
 
 
 def is_connected(adjacency: np.ndarray) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.federation.contract import LocalUpdate, Upload
-from pipeline.methods.fedavg.method import ParameterAveraging, state_copy
+from pipeline.federation.averaging import ParameterAveraging, state_copy
 from pipeline.federation.clients import Context
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows

@@ -1,0 +1,34 @@
+"""pDFL's params.yaml section (`pdfl:`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from pipeline.config import MethodParams
+
+
+class PDFLParams(MethodParams):
+    homogeneous_only: ClassVar[bool] = True  # peers distil into each other's models: one architecture
+    tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2}  # 3 clients: the complete graph
+
+    edge_prob: float = Field(0.25, gt=0, le=1)
+    min_degree: int = Field(4, ge=1)
+    max_redraws: int = Field(100, ge=1)
+    topology: Literal["static", "redraw", "subsample"] = "redraw"
+    subsample_fraction: float = Field(0.5, gt=0, le=1)
+    heads: int = Field(4, ge=1)
+    attention: bool = True
+    attention_steps: int = Field(20, ge=0)
+    attention_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
+    attention_samples: int | None = Field(64, ge=1)
+    order: Literal["head_then_body", "body_then_head"] = "body_then_head"
+    internal_kd: bool = True
+    external_kd: bool = True
+    external_peers: int = Field(2, ge=1)
+    external_steps: int = Field(10, ge=1)
+    external_calibrate: bool = False
+    kd_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
+    T: float = Field(3.0, gt=0, allow_inf_nan=False)
+    top_k: int = Field(2, ge=1)
