@@ -5,13 +5,19 @@ module of this repo that it imports, transitively: `pipeline.*`, `models.*`, `fl
 inside functions included (they run when the stage does), imports under `if TYPE_CHECKING:`
 left out (they never run). Importing `a.b.c` runs the `__init__.py` of `a` and `a.b` too; an
 `__init__.py` that holds nothing but a docstring cannot change a result and is not required.
-A folder dep (`pipeline/methods`, `models`) covers every file below it.
+A folder dep (`pipeline/data`, `models`) covers every file below it.
+
+A training stage (`foreach` over the methods) also runs its method's own code, which the registry
+imports by name (pipeline/methods/<name>/method.py and params.py): its deps must cover that code
+with `${item}` set to the method, and must not cover another method's folder, so that editing one
+method reruns only its stage. The data stages read no method's or training code at all.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -37,7 +43,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imported_modules(path: Path) -> set[str]:
+@cache
+def imported_modules(path: Path) -> set[str]:
     """Every module an `import` in this file names (at any depth), except under TYPE_CHECKING."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
@@ -81,7 +88,8 @@ def _only_docstring(path: Path) -> bool:
                for s in body)
 
 
-def stage_code(flow_module: str) -> set[str]:
+@cache
+def stage_code(flow_module: str) -> frozenset[str]:
     """Repo-relative paths of every file of this repo the flow module runs when imported."""
     todo, seen, files = [flow_module], set(), set()
     while todo:
@@ -98,10 +106,11 @@ def stage_code(flow_module: str) -> set[str]:
             rel = path.relative_to(ROOT).as_posix()
             if rel not in files:
                 files.add(rel)
-                todo.extend(m for m in _imported_modules(path) if m.split(".")[0] in PACKAGES)
-    return {f for f in files if not (f.endswith("__init__.py") and _only_docstring(ROOT / f))}
+                todo.extend(m for m in imported_modules(path) if m.split(".")[0] in PACKAGES)
+    return frozenset(f for f in files if not (f.endswith("__init__.py") and _only_docstring(ROOT / f)))
 
 
+@cache
 def _stages() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -117,22 +126,59 @@ def _covered(path: str, deps: list[str]) -> bool:
     return any(path == d.rstrip("/") or path.startswith(d.rstrip("/") + "/") for d in deps)
 
 
-@pytest.mark.parametrize("name", list(_stages()))
-def test_stage_deps_cover_every_module_its_flow_imports(name):
-    stage = _stages()[name]
-    body = stage.get("do") or stage
-    deps = [str(d) for d in body["deps"]]
-    code = stage_code(_flow_module(stage))
-    missing = sorted(f for f in code if not _covered(f, deps))
-    assert not missing, f"dvc.yaml stage {name!r} runs code it does not list in deps: {missing}"
+def _method_names() -> list[str]:
+    from pipeline.methods import registry
+
+    return list(registry.names())
 
 
-@pytest.mark.parametrize("name", list(_stages()))
-def test_every_code_dep_exists(name):
+def _stage_instances() -> list[tuple[str, str | None]]:
+    """(stage, method) for every stage; a foreach stage once per method (its ${item})."""
+    return [(name, item) for name, stage in _stages().items()
+            for item in ((_method_names() if "foreach" in stage else [None]))]
+
+
+def _deps(name: str, item: str | None) -> list[str]:
     body = _stages()[name].get("do") or _stages()[name]
-    for dep in body["deps"]:
-        if str(dep).startswith(PACKAGES):  # code; data deps are other stages' outputs
-            assert (ROOT / str(dep)).exists(), f"dvc.yaml stage {name!r} lists {dep}, which does not exist"
+    return [str(d).replace("${item}", item or "") for d in body["deps"]]
+
+
+def _code(name: str, item: str | None) -> set[str]:
+    code = set(stage_code(_flow_module(_stages()[name])))
+    if item is not None:  # the registry imports the method's modules by name
+        code |= stage_code(f"pipeline.methods.{item}.method") | stage_code(f"pipeline.methods.{item}.params")
+    return code
+
+
+@pytest.mark.parametrize("name, item", _stage_instances())
+def test_stage_deps_cover_every_module_its_flow_imports(name, item):
+    missing = sorted(f for f in _code(name, item) if not _covered(f, _deps(name, item)))
+    assert not missing, f"dvc.yaml stage {name!r} ({item}) runs code it does not list in deps: {missing}"
+
+
+@pytest.mark.parametrize("name, item", _stage_instances())
+def test_a_stage_depends_on_no_other_methods_code(name, item):
+    """Editing one method's folder reruns that method's stage(s) only; the data stages and the
+    report depend on no method's folder and (the data stages) on no training code."""
+    other_methods = [m for m in _method_names() if m != item]
+    for dep in _deps(name, item):
+        for method in other_methods:
+            folder = f"pipeline/methods/{method}"
+            assert not _covered(folder + "/method.py", [dep]), f"stage {name!r} ({item}) lists {dep}, which covers {folder}"
+    for method in other_methods:  # nor does its code import another method's
+        assert not [f for f in _code(name, item) if f.startswith(f"pipeline/methods/{method}/")], \
+            f"stage {name!r} ({item}) runs code of {method}"
+    if name in ("partition", "encode", "index"):
+        assert not [d for d in _deps(name, item) if d.startswith(("pipeline/train", "pipeline/federation", "models"))]
+        assert not [f for f in _code(name, item) if f.startswith(("pipeline/methods/", "pipeline/train/"))
+                    and f != "pipeline/methods/registry.py"]
+
+
+@pytest.mark.parametrize("name, item", _stage_instances())
+def test_every_code_dep_exists(name, item):
+    for dep in _deps(name, item):
+        if dep.startswith(PACKAGES):  # code; data deps are other stages' outputs
+            assert (ROOT / dep).exists(), f"dvc.yaml stage {name!r} ({item}) lists {dep}, which does not exist"
 
 
 def test_the_import_walk_finds_what_it_should():
@@ -140,8 +186,9 @@ def test_the_import_walk_finds_what_it_should():
     code = stage_code("flows.train")
     assert {"flows/__init__.py", "flows/train.py", "pipeline/train/engine.py", "pipeline/paths.py",
             "pipeline/train/grouped.py",  # imported inside a function of executors.py
-            "pipeline/index/store.py",  # `from pipeline.index import store` inside fedcache.py's methods
             "pipeline/methods/registry.py", "models/multiexit.py"} <= code
+    # `from pipeline.index import store` inside fedcache's methods
+    assert "pipeline/index/store.py" in stage_code("pipeline.methods.fedcache.method")
     assert "pipeline/__init__.py" not in code  # a docstring only
     # `if __name__ == "__main__": from flows.cli import run_stage` runs when the stage runs
-    assert {"flows/cli.py", "pipeline/index/neighbours.py"} <= stage_code("flows.partition")
+    assert {"flows/cli.py", "pipeline/errors.py"} <= stage_code("flows.partition")

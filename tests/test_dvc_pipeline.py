@@ -123,6 +123,36 @@ def test_editing_one_algorithm_reruns_only_its_stage(repo):
     assert not {"partition", "encode", "index"} & ran
 
 
+def _changed_stages(repo) -> set[str]:
+    return set(json.loads(_run(["dvc", "status", "--json"], repo).stdout or "{}"))
+
+
+@pytest.mark.parametrize("edited, stage", [("pipeline/methods/local/method.py", "train@local"),
+                                           ("pipeline/methods/fedcache/params.py", "train@fedcache"),
+                                           ("pipeline/methods/fedcache/knowledge.py", "train@fedcache")])
+def test_editing_one_methods_code_changes_only_its_training_stage(repo, edited, stage):
+    """A method's folder is a dep of its own training stage(s) only: the data stages and the other
+    methods' stages stay up to date (the report follows once the stage has run)."""
+    path = repo / edited
+    before = path.read_text()
+    try:
+        path.write_text(before + "\n# an edit\n")
+        assert _changed_stages(repo) == {stage}
+    finally:
+        path.write_text(before)
+    assert _changed_stages(repo) == set()
+
+
+def test_editing_the_shared_core_changes_every_training_stage_and_no_data_stage(repo):
+    path = repo / "pipeline/train/engine.py"
+    before = path.read_text()
+    try:
+        path.write_text(before + "\n# an edit\n")
+        assert _changed_stages(repo) == {"train@fedcache", "train@local"}
+    finally:
+        path.write_text(before)
+
+
 def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
     """The per-run file is the stage's (persisted) output: `dvc repro -s -f train@<name>` (what a damaged
     file's error says) reruns that stage alone, which replaces the file; the report then picks it up."""
