@@ -22,77 +22,63 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.logs import log_progress
 from pipeline import paths, progress
-from pipeline.methods.registry import REGISTRY
-from pipeline.config import ConfigError, Params, load_params
+from pipeline.config import Params, load_params
 from pipeline.data.datasets import load_dataset
-from pipeline.train.engine import Trainer
 from pipeline.data.partition import Partition
+from pipeline.experiments import dvc as experiments
+from pipeline.methods.registry import method_class
 from pipeline.results.store import RunResultsDB
+from pipeline.train.engine import RunInfo, Trainer
+
+
+def run_info(params: Params) -> RunInfo:
+    """Where this run ran: the git revision, and the DVC experiment (set by `dvc exp run`) with the
+    params it changed, recorded with the run for sweeps."""
+    exp = experiments.current()
+    return RunInfo(experiments.git_revision(), exp.name if exp else None, experiments.changed_params(params, exp))
 
 
 @task(cache_policy=NO_CACHE)
 def prepare(params: Params, algorithm: str, hetero: bool) -> Trainer:
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
-    return Trainer(params, REGISTRY[algorithm], part, ds, paths.run_dir(algorithm, hetero),
+    return Trainer(params, method_class(algorithm), part, ds, paths.run_dir(algorithm, hetero),
                    paths.checkpoint_path(algorithm, hetero), RunResultsDB(paths.run_results(algorithm, hetero)),
-                   hetero=hetero)
-
-
-def summary_path(trainer: Trainer) -> Path:
-    return paths.run_dir(trainer.algorithm.name, trainer.hetero) / "summary.json"
-
-
-@task(cache_policy=NO_CACHE)
-def start(trainer: Trainer) -> int:
-    summary_path(trainer).unlink(missing_ok=True)  # an earlier run's: written again when this one completes
-    return trainer.start()
-
-
-@task(cache_policy=NO_CACHE, task_run_name="round-{round_}")
-def train_round(trainer: Trainer, round_: int) -> None:
-    trainer.run_round(round_)
-
-
-@task(cache_policy=NO_CACHE)
-def finish(trainer: Trainer) -> dict:
-    summary = trainer.finish()
-    summary_path(trainer).write_text(json.dumps(summary, indent=1))
-    return summary
+                   hetero=hetero, run_info=run_info(params))
 
 
 @flow(name="train", flow_run_name="train-{algorithm}")
 def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = False) -> dict:
     flow_start = time.time()
-    params = load_params(params_file)
-    if algorithm not in REGISTRY:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(REGISTRY)}")
+    params = load_params(params_file, methods=(algorithm,))  # the shared sections and this method's; an
+    # unknown method is a ConfigError naming the methods there are
     trainer = prepare(params, algorithm, hetero)
     prepared = time.time()
     name = paths.run_name(algorithm, hetero)
-    try:
-        first = start(trainer)
-        if first > 1:
-            print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
-        # a bar over the rounds (a line per round where stderr is no terminal, and in the Prefect run's logs),
-        # and one over each round's clients in a terminal
-        trainer.executor.bars = progress.nested(f"{name} round clients")
-        with progress.bar(params.train.rounds, name, "round", initial=first - 1, every_s=0) as rounds:
-            for round_ in range(first, params.train.rounds + 1):
-                train_round(trainer, round_)
-                acc = trainer.history[-1][1]
-                rounds.set_postfix_str(("" if acc is None else f"acc {acc:.4f}, ") +
-                                       f"{trainer.ctx.ledger.total() / 1e6:,.2f} MB so far", refresh=False)
-                rounds.update(1)
-                log_progress(progress.state(rounds))
-        summary = finish(trainer)
-        # where the stage's time went besides its rounds: the process's start (interpreter, imports, the
-        # Prefect server) before the flow, and loading the data and building the clients
-        summary["seconds"].update(startup=round(flow_start - psutil.Process().create_time(), 3),
-                                  prepare=round(prepared - flow_start, 3))
-        summary_path(trainer).write_text(json.dumps(summary, indent=1))
-    finally:
-        trainer.close()  # the dask executor's cluster stops here, also when a round fails
+    summary_path = paths.run_dir(algorithm, hetero) / "summary.json"
+    summary_path.unlink(missing_ok=True)  # an earlier run's: written again when this one completes
+    # a bar over the rounds (a line per round where stderr is no terminal, and in the Prefect run's logs),
+    # and one over each round's clients in a terminal
+    trainer.executor.bars = progress.nested(f"{name} round clients")
+    with progress.bar(params.train.rounds, name, "round", every_s=0) as rounds:
+        def on_start(first: int) -> None:
+            if first > 1:
+                print(f"{algorithm}: resuming run {trainer.run_id} at round {first}")
+                rounds.n = rounds.initial = first - 1  # done before: not counted in the time estimate
+
+        def on_round(round_: int) -> None:
+            acc = trainer.history[-1][1]
+            rounds.set_postfix_str(("" if acc is None else f"acc {acc:.4f}, ") +
+                                   f"{trainer.ctx.ledger.total() / 1e6:,.2f} MB so far", refresh=False)
+            rounds.update(1)
+            log_progress(progress.state(rounds))
+
+        summary = trainer.run(on_start, on_round)
+    # where the stage's time went besides its rounds: the process's start (interpreter, imports, the
+    # Prefect server) before the flow, and loading the data and building the clients
+    summary["seconds"].update(startup=round(flow_start - psutil.Process().create_time(), 3),
+                              prepare=round(prepared - flow_start, 3))
+    summary_path.write_text(json.dumps(summary, indent=1))
     print(f"{name}: MAUA {summary['maua']:.4f}, final {summary['final_acc']:.4f}, "
           f"bytes {summary['bytes_total']:,} ({summary['bytes_setup']:,} set-up)")
     return summary
@@ -101,4 +87,5 @@ def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
 if __name__ == "__main__":
     from flows.cli import run_stage
 
-    sys.exit(run_stage(train_flow, positional=("algorithm",), flags=("hetero",)))
+    sys.exit(run_stage(train_flow, positional=("algorithm",), flags=("hetero",),
+                       methods=lambda args: (args["algorithm"],)))

@@ -24,10 +24,12 @@ GARBAGE = bytes(range(256)) * 64  # 16 KiB that are no DuckDB file
 
 
 def _trainer(params, part, mnist, algorithm: str, hetero: bool = False) -> Trainer:
-    """A trainer as flows/train.py builds one: the stage's own results file."""
+    """A trainer as flows/train.py builds one: the stage's own results file, the run's git and DVC facts."""
+    from flows.train import run_info
+
     return Trainer(params, REGISTRY[algorithm], part, mnist, paths.run_dir(algorithm, hetero),
                    paths.checkpoint_path(algorithm, hetero), RunResultsDB(paths.run_results(algorithm, hetero)),
-                   [paths.PARTITION], hetero)
+                   [paths.PARTITION], hetero, run_info(params))
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,15 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def git_revision() -> str:
+    """`git describe --always --dirty` of the working directory ("unknown" outside git)."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def baseline_params(exp: Experiment, params_file: str = "params.yaml"):
     """The baseline commit's params (validated, defaults filled in), or None when git cannot show them."""
     import yaml  # here: the training core imports this module without the service libraries

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from pipeline.experiments import dvc as experiments
 from pipeline.train import checkpoint
 from pipeline.federation.clients import Context, build_clients
 from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
@@ -65,12 +65,15 @@ class Timer:
         self.seconds.clear()
 
 
-def git_revision() -> str:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run records about where it ran, given by its caller (the training flow reads git and
+    DVC; the engine calls neither): the code's git revision, and the DVC experiment it ran in with
+    the params that experiment changed (for sweeps)."""
+
+    git_revision: str = "unknown"
+    experiment: str | None = None
+    changed: dict | None = None
 
 
 def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
@@ -143,7 +146,9 @@ def make_executor(params: Params, method_cls):
 
 class Trainer:
     def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
-                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False):
+                 checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False,
+                 run_info: RunInfo = RunInfo()):
+        self.run_info = run_info
         self.executor = make_executor(params, algorithm_cls)
         torch.set_num_threads(params.train.threads or self.executor.threads)
         self.params = params
@@ -179,10 +184,10 @@ class Trainer:
             print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
                   flush=True)
         self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        exp = experiments.current()  # set by `dvc exp run`: recorded with the run, for sweeps
+        info = self.run_info
         self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
-                               self.params.model_dump(mode="json", by_alias=True), git_revision(),
-                               experiment=exp.name if exp else None, changed=experiments.changed_params(self.params, exp))
+                               self.params.model_dump(mode="json", by_alias=True), info.git_revision,
+                               experiment=info.experiment, changed=info.changed)
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):
@@ -206,10 +211,19 @@ class Trainer:
         self.checkpoint_path.unlink(missing_ok=True)  # the run is complete; its rows are in its results file
         return summary
 
-    def run(self) -> dict:
+    def run(self, on_start: Callable[[int], None] | None = None,
+            on_round: Callable[[int], None] | None = None) -> dict:
+        """The whole run: resume or start, every round, finish; returns the summary. The one loop:
+        the training flow calls it too, watching it through `on_start(first_round)` and
+        `on_round(round)` (its progress bar)."""
         try:
-            for round_ in range(self.start(), self.params.train.rounds + 1):
+            first = self.start()
+            if on_start is not None:
+                on_start(first)
+            for round_ in range(first, self.params.train.rounds + 1):
                 self.run_round(round_)
+                if on_round is not None:
+                    on_round(round_)
             return self.finish()
         finally:
             self.close()
