@@ -1,24 +1,21 @@
-"""The vectorized executor computes what the sequential one does.
+"""Executor choice: which executor a method and its params get, and FedCache's two per-step
+consistencies compared on learning.
 
-For every method whose clients read only round-start state, two real runs on the tiny MNIST
-setting (3 clients of uneven size, 2 rounds, batch 8 so clients end on partial batches) must
-give a byte-identical ledger, the same per-client accuracies and the same weights. They run in
-float64: in float32 the two executors sum in different orders, and BatchNorm over a partial
-batch of one or two samples amplifies those last-bit differences over a few steps, which
-would force a tolerance loose enough to hide a real bug. FedCache `step` (lockstep, vectorized) and `live` (sequential)
-read the cache at different moments, so they are compared on learning, not bit for bit.
+That the vectorized executor computes what the sequential one does, for every method, is in the
+conformance suite (tests/test_conformance.py). FedCache `step` (lockstep, vectorized) and `live`
+(sequential) read the cache at different moments, so they are compared here on learning, not bit
+for bit.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.config import ConfigError, parse_params
 from pipeline.train.engine import Trainer
-from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
 from conftest import make_workspace, tiny_params_raw, with_section
@@ -36,36 +33,6 @@ def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
     for r in range(1, rounds + 1):
         trainer.run_round(r)
     return trainer.algorithm.evaluate(rounds)[0]
-
-
-CASES = [("fd", False), ("fedavg", False), ("fedproto", False), ("local", False), ("fedcache", False),
-         ("pdfl", False), ("fedalt", False), ("fedict", False), ("fd", True), ("fedcache", True), ("feddkc", True)]
-
-
-@pytest.mark.parametrize("algorithm,hetero", CASES, ids=[f"{a}-{'hetero' if h else 'homo'}" for a, h in CASES])
-def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, algorithm, hetero):
-    _, params, part = tiny_workspace
-    params = with_section(params, "fedcache", consistency="round")
-    if algorithm == "pdfl":  # 3 clients: the complete graph (params.yaml's min_degree is for K=30)
-        params = with_section(params, "pdfl", edge_prob=1.0, min_degree=2)
-    if algorithm in ("feddkc", "fedict"):  # the server half is the same code under both executors: the small server model
-        params = with_section(params, algorithm, server_model="a3")
-    seq = _trainer(params, part, mnist, algorithm, "sequential", hetero)
-    vec = _trainer(params, part, mnist, algorithm, "vectorized", hetero)
-    assert isinstance(seq.executor, SequentialExecutor) and isinstance(vec.executor, VectorizedExecutor)
-    sizes = [c.num_train for c in seq.ctx.clients]
-    assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
-
-    rows_seq, rows_vec = _train(seq), _train(vec)
-
-    assert seq.ctx.ledger.state_dict() == vec.ctx.ledger.state_dict()  # byte-identical ledger
-    assert [(k, n) for k, _, n in rows_seq] == [(k, n) for k, _, n in rows_vec]
-    assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_vec], abs=1e-12)
-    for c_seq, c_vec in zip(seq.ctx.clients, vec.ctx.clients):
-        assert c_vec.model.state_dict().keys() == c_seq.model.state_dict().keys()
-        for (name, p), q in zip(c_seq.model.state_dict().items(), c_vec.model.state_dict().values()):
-            assert p.dtype != torch.float32, name  # really in float64
-            torch.testing.assert_close(q, p, atol=1e-9, rtol=1e-7, msg=lambda m, n=name: f"client {c_seq.id} {n}: {m}")
 
 
 def test_live_consistency_falls_back_to_the_sequential_executor(tiny_workspace, mnist, capsys):

@@ -1,0 +1,151 @@
+"""The conformance suite: what every method passes, parametrised over the registry (a new folder
+under pipeline/methods/ is in it without editing this file).
+
+For each method, on the tiny MNIST setting (3 clients of uneven size, batch 8 so clients end on
+partial batches) with the method's own `tiny_setting` (its params class), homogeneous and, where
+the method allows it, heterogeneous models:
+  - the vectorized executor computes what the sequential one does, in float64 (same ledger, same
+    accuracies, same weights to 1e-9): in float32 the two sum in different orders, and BatchNorm
+    over a batch of one or two samples amplifies the last bit;
+  - a run resumed from a checkpoint taken after round 1 ends exactly where an uninterrupted run does;
+  - every key of its params section refuses a value of the wrong type, and an unknown key, naming
+    the key in the error;
+  - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_workspace, tiny_params_raw, with_section
+from pipeline import paths
+from pipeline.config import ConfigError, parse_params
+from pipeline.methods import registry
+from pipeline.results.store import RunResultsDB
+from pipeline.train.engine import Trainer
+from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+
+CASES = [(name, hetero) for name in registry.names()
+         for hetero in ((False,) if registry.params_class(name).homogeneous_only else (False, True))]
+IDS = [f"{name}-{'hetero' if hetero else 'homo'}" for name, hetero in CASES]
+
+
+def tiny(params, method: str):
+    """params with the method's smallest setting (its params class's `tiny_setting`)."""
+    setting = registry.params_class(method).tiny_setting
+    return with_section(params, method, **setting) if setting else params
+
+
+def _trainer(params, part, mnist, method: str, run: str, hetero: bool = False, executor: str | None = None):
+    if executor is not None:
+        params = with_section(params, "train", executor=executor)
+    return Trainer(params, registry.method_class(method), part, mnist, paths.RUNS / run,
+                   paths.CHECKPOINTS / f"{run}.pt", RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION],
+                   hetero)
+
+
+def _rounds(trainer: Trainer, rounds: range) -> None:
+    for r in rounds:
+        trainer.run_round(r)
+
+
+def _assert_same_state(a: Trainer, b: Trainer, **tol) -> None:
+    assert a.ctx.ledger.state_dict() == b.ctx.ledger.state_dict()  # byte-identical ledger
+    rows_a, rows_b = a.algorithm.evaluate(0)[0], b.algorithm.evaluate(0)[0]
+    assert [(k, n) for k, _, n in rows_a] == [(k, n) for k, _, n in rows_b]
+    assert [x for _, x, _ in rows_a] == pytest.approx([x for _, x, _ in rows_b], abs=tol.get("atol", 0))
+    for c_a, c_b in zip(a.ctx.clients, b.ctx.clients):
+        state_a, state_b = c_a.model.state_dict(), c_b.model.state_dict()
+        assert state_a.keys() == state_b.keys()
+        for name in state_a:
+            torch.testing.assert_close(state_b[name], state_a[name], **tol,
+                                       msg=lambda m, n=name: f"client {c_a.id} {n}: {m}")
+
+
+@pytest.mark.parametrize("method, hetero", CASES, ids=IDS)
+def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, hetero):
+    _, params, part = tiny_workspace
+    params = tiny(params, method)
+    seq = _trainer(params, part, mnist, method, "seq", hetero, "sequential")
+    vec = _trainer(params, part, mnist, method, "vec", hetero, "vectorized")
+    assert isinstance(seq.executor, SequentialExecutor)
+    why = registry.method_class(method).vectorized_unsupported(params)
+    if why is not None:  # the method says why it cannot: it runs on the sequential executor, as declared
+        assert isinstance(vec.executor, SequentialExecutor) and why.strip()
+    else:
+        assert isinstance(vec.executor, VectorizedExecutor)
+    sizes = [c.num_train for c in seq.ctx.clients]
+    assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
+    for trainer in (seq, vec):
+        trainer.start()
+        _rounds(trainer, range(1, 3))
+    for c in seq.ctx.clients:
+        assert all(p.dtype != torch.float32 for p in c.model.state_dict().values())  # really in float64
+    _assert_same_state(seq, vec, atol=1e-9, rtol=1e-7)
+
+
+@pytest.mark.parametrize("method, hetero", CASES, ids=IDS)
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, method, hetero):
+    """Round 1, a checkpoint, the process gone (a new Trainer over the same files), round 2: the same
+    ledger, accuracies and weights as two rounds in one go, bit for bit (same machine, same threads)."""
+    _, params, part = tiny_workspace
+    params = with_section(tiny(params, method), "train", rounds=2, checkpoint_every=1)
+    straight = _trainer(params, part, mnist, method, "straight", hetero)
+    straight.start()
+    _rounds(straight, range(1, 3))
+
+    killed = _trainer(params, part, mnist, method, "resumed", hetero)
+    assert killed.start() == 1
+    _rounds(killed, range(1, 2))
+    killed.close()
+    resumed = _trainer(params, part, mnist, method, "resumed", hetero)
+    assert resumed.start() == 2, "the run did not resume from its round-1 checkpoint"
+    _rounds(resumed, range(2, 3))
+    _assert_same_state(straight, resumed, atol=0, rtol=0)
+    assert straight.history[-1] == resumed.history[-1]
+
+
+def _wrong_type(annotation) -> object:
+    """A value of the wrong type for a field (strict validation: no coercion)."""
+    base = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if annotation is str or (base is typing.Union and str in args):
+        return ["not", "a", "string"]
+    if base is typing.Literal:
+        return "no-such-choice"
+    return "not-a-number" if annotation is not bool else "yes"
+
+
+@pytest.mark.parametrize("method", registry.names())
+def test_every_param_of_a_method_refuses_a_bad_value_naming_the_key(method):
+    fields = registry.params_class(method).model_fields
+    for name, field in fields.items():
+        key = field.alias or name
+        bad = _wrong_type(field.annotation)
+        with pytest.raises(ConfigError, match=rf"\b{method}\.{key}\b"):
+            parse_params(tiny_params_raw({method: {key: bad}}), methods=(method,))
+    with pytest.raises(ConfigError, match=rf"{method}\.no_such_knob = 1: unknown key"):
+        parse_params(tiny_params_raw({method: {"no_such_knob": 1}}), methods=(method,))
+
+
+@pytest.mark.slow  # 3 rounds of 150 samples a client
+@pytest.mark.parametrize("method", registry.names())
+def test_it_learns_on_tiny_mnist(tmp_path, monkeypatch, mnist, method):
+    monkeypatch.chdir(tmp_path)
+    _, params, part = make_workspace(tmp_path, mnist, {
+        "partition": {"num_clients": 3, "samples_per_client": 150, "min_samples": 5},
+        "train": {"rounds": 3, "threads": 1}})
+    trainer = _trainer(tiny(params, method), part, mnist, method, "learn")
+    summary = trainer.run()
+    initial = trainer.history[0][1]
+    assert summary["maua"] > max(0.25, initial + 0.15), trainer.history
+
+
+def test_the_suite_covers_every_method_in_both_settings_it_allows():
+    assert {name for name, _ in CASES} == set(registry.names())
+    assert ("fedavg", True) not in CASES and ("fd", True) in CASES
+    assert Path(registry.METHODS_DIR, "fd", "method.py").is_file()

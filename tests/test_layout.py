@@ -1,0 +1,156 @@
+"""The folder shows the architecture, and the imports keep to it (read with `ast`, nothing run).
+
+    pipeline/config.py, errors, paths, seeds, devices, progress, methods/registry.py   shared base
+    data/         datasets, partition                    imports the base
+    index/        encoder, hashes, neighbours, store     the base and data/
+    federation/   contract, clients, ledger, losses      the base, data/, index/, models/
+    methods/<m>/  one method each                        all of the above and models/, never another method
+    results/      per-run store, compare, report, paper  the base
+    train/        engine, executors, checkpoint          the base, data/, index/, federation/, results/
+    experiments/  presets, sweeps, DVC experiments       the base and results/
+
+No import cycles; config.py imports no torch code; methods/<m>/params.py imports no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_dvc_deps import ROOT, imported_modules
+
+BASE = {"pipeline", "pipeline.config", "pipeline.errors", "pipeline.paths", "pipeline.seeds", "pipeline.devices",
+        "pipeline.progress", "pipeline.methods", "pipeline.methods.registry"}
+ALLOWED = {
+    "base": {"base"},
+    "data": {"base", "data"},
+    "index": {"base", "data", "index"},
+    "federation": {"base", "data", "index", "federation", "models"},
+    "methods": {"base", "data", "index", "federation", "methods", "models"},
+    "results": {"base", "results"},
+    "train": {"base", "data", "index", "federation", "results", "train", "models"},
+    "experiments": {"base", "results", "experiments"},
+    "models": {"models"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder in ("pipeline", "models"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            found[".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = f
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The repo module an imported name refers to (`pipeline.index.store.create_cache` -> pipeline.index.store)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in MODULES:
+            return ".".join(parts[:i])
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: {r for m in imported_modules(path) if (r := _resolve(m)) and r != name}
+            for name, path in MODULES.items()}
+
+
+def layer(module: str) -> str:
+    if module in BASE:
+        return "base"
+    parts = module.split(".")
+    return parts[0] if parts[0] == "models" else parts[1] if len(parts) > 2 else "base"
+
+
+def _method_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "methods" else None
+
+
+def test_every_pipeline_module_sits_in_a_known_layer():
+    loose = [m for m in MODULES if m.startswith("pipeline.") and layer(m) not in ALLOWED]
+    assert not loose, f"modules outside the layout (add them to a folder, or to BASE here): {loose}"
+    top = sorted(p.name for p in (ROOT / "pipeline").iterdir() if p.suffix == ".py")
+    assert top == ["__init__.py", "config.py", "devices.py", "errors.py", "paths.py", "progress.py", "seeds.py"]
+
+
+def test_no_upward_imports():
+    bad = [f"{a} -> {b}" for a, deps in _graph().items() for b in deps if layer(b) not in ALLOWED[layer(a)]]
+    assert not bad, "imports against the layout:\n" + "\n".join(bad)
+
+
+def test_a_method_imports_no_other_method():
+    bad = [f"{a} -> {b}" for a, deps in _graph().items() for b in deps
+           if _method_of(a) and _method_of(b) and _method_of(a) != _method_of(b)]
+    assert not bad, "a method's folder must stand alone (shared code goes to federation/ or methods/*.py):\n" + \
+        "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _imports_torch(path: Path) -> bool:
+    return any(m.split(".")[0] in ("torch", "torchvision") for m in imported_modules(path))
+
+
+def test_config_and_every_params_module_import_no_torch_code():
+    graph, todo, seen = _graph(), ["pipeline.config"], set()
+    todo += [f"pipeline.methods.{p.parent.name}.params" for p in (ROOT / "pipeline/methods").glob("*/params.py")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    assert not [m for m in seen if _imports_torch(MODULES[m])], "torch code reachable from the params schema"
+
+
+def test_the_full_params_schema_loads_without_torch_or_method_code():
+    """At run time too: validating every section of params.yaml imports no torch and no method.py."""
+    code = ("import sys; from pipeline.config import load_params; load_params('params.yaml'); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision') or m.endswith('.method')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_checks_can_fail():
+    """The layer and cycle checks see a planted violation."""
+    assert layer("pipeline.data.partition") == "data" and layer("pipeline.methods.fd.method") == "methods"
+    assert "methods" not in ALLOWED["data"] and "train" not in ALLOWED["index"]
+    assert _imports_torch(MODULES["pipeline.seeds"])
+    tree = ast.parse("from pipeline.train.engine import Trainer")
+    assert {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names} == {"Trainer"}
+    assert _resolve("pipeline.train.engine.Trainer") == "pipeline.train.engine"
+    assert _method_of("pipeline.methods.fedcache.knowledge") == "fedcache" and _method_of("pipeline.methods.gkt") is None
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "pipeline/methods").iterdir()
+                                         if p.is_dir() and p.name != "__pycache__"))
+def test_a_method_folder_holds_a_method_and_its_params(name):
+    from pipeline.methods import registry
+
+    assert name in registry.names(), f"pipeline/methods/{name}/ lacks method.py or params.py"
+    assert registry.params_class(name) and registry.method_class(name).name == name
