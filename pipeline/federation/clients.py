@@ -42,7 +42,7 @@ class Client:
     ids: torch.Tensor  # global sample ids of the training samples (CPU), travel with each batch
     x_test: torch.Tensor
     y_test: torch.Tensor
-    state: dict[str, torch.Tensor] = field(default_factory=dict)  # method-specific state kept on the client
+    state: dict[str, object] = field(default_factory=dict)  # method-specific state kept on the client (tensors)
 
     @property
     def num_train(self) -> int:

@@ -222,8 +222,6 @@ class PDFLClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.p = params.pdfl
-        # between begin and end of a round: the peer copies client i will optimise for them (step 5)
-        self.held: dict[int, list[tuple[int, State]]] = {}
 
     def phases(self, round_):
         head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
@@ -273,7 +271,8 @@ class PDFLClient(LocalUpdate):
             w = torch.full((len(J),), 1.0 / len(J))
         client.state["neighbours"], client.state["weights"] = torch.tensor(J, dtype=torch.int64), w
         if p.external_kd:
-            self.held[client.id] = [(J[int(a)], models[J[int(a)]]) for a in ranked(w, p.external_peers)]
+            # kept on the client between begin and end: the peer copies it optimises for them (step 5)
+            client.state["held"] = [(J[int(a)], models[J[int(a)]]) for a in ranked(w, p.external_peers)]
         targets = {}
         if p.internal_kd:  # the teacher needs the chosen neighbours' outputs on every sample
             chosen = ranked(w, p.top_k).tolist()
@@ -311,7 +310,7 @@ class PDFLClient(LocalUpdate):
         soft = soft_outputs(client.model, client.x_train, p.T, self.params.train.eval_batch_size)
         client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, self.num_classes)
         feedback = {}
-        held = self.held.pop(client.id, [])
+        held = client.state.pop("held", [])
         if held:
             scratch = copy.deepcopy(client.model)
             for j, state in held:
