@@ -90,7 +90,7 @@ def test_a_toy_method_is_a_folder_and_a_params_section(tmp_path):
     (repo / "docs/methods/toy.md").write_text("# Toy\n\nLogit adjustment by the federation's label prior.\n")
 
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "not slow",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
          "-k", "toy or layout or every_param", "tests/test_conformance.py", "tests/test_layout.py",
          "tests/test_dvc_deps.py", "tests/test_dvc_params.py", "-rA"],
         cwd=repo, capture_output=True, text=True, timeout=900)
@@ -100,6 +100,7 @@ def test_a_toy_method_is_a_folder_and_a_params_section(tmp_path):
     for check in ("test_vectorized_equals_sequential[toy-homo]", "test_vectorized_equals_sequential[toy-hetero]",
                   "test_a_resumed_run_ends_where_an_uninterrupted_one_does[toy-homo]",
                   "test_every_param_of_a_method_refuses_a_bad_value_naming_the_key[toy]",
+                  "test_it_learns_on_tiny_mnist[toy]",
                   "test_a_training_stage_reads_only_its_params[toy]",
                   "test_stage_deps_cover_every_module_its_flow_imports[train-toy]",
                   "test_a_method_folder_holds_a_method_and_its_params[toy]"):
