@@ -255,7 +255,7 @@ else:
         # subsets (`Params__fd`, ...) resolve by name too, so their instances pickle (Dask workers).
         if name == "Params":
             return params_model(registry.names())
-        if name.startswith("Params__") or name == "Params__":
+        if name.startswith("Params__"):
             return params_model(tuple(m for m in name.removeprefix("Params__").split("__") if m))
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

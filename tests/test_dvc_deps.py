@@ -111,8 +111,13 @@ def stage_code(flow_module: str) -> frozenset[str]:
 
 
 @cache
-def _stages() -> dict[str, dict]:
+def stages() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def stage_body(name: str) -> dict:
+    """A stage's definition (a foreach stage's `do`)."""
+    return stages()[name].get("do") or stages()[name]
 
 
 def _flow_module(stage: dict) -> str:
@@ -134,17 +139,17 @@ def _method_names() -> list[str]:
 
 def _stage_instances() -> list[tuple[str, str | None]]:
     """(stage, method) for every stage; a foreach stage once per method (its ${item})."""
-    return [(name, item) for name, stage in _stages().items()
+    return [(name, item) for name, stage in stages().items()
             for item in ((_method_names() if "foreach" in stage else [None]))]
 
 
 def _deps(name: str, item: str | None) -> list[str]:
-    body = _stages()[name].get("do") or _stages()[name]
+    body = stage_body(name)
     return [str(d).replace("${item}", item or "") for d in body["deps"]]
 
 
 def _code(name: str, item: str | None) -> set[str]:
-    code = set(stage_code(_flow_module(_stages()[name])))
+    code = set(stage_code(_flow_module(stages()[name])))
     if item is not None:  # the registry imports the method's modules by name
         code |= stage_code(f"pipeline.methods.{item}.method") | stage_code(f"pipeline.methods.{item}.params")
     return code

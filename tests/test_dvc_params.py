@@ -11,15 +11,15 @@ record of its config, shown by the dashboard) is not counted as reading each key
 from __future__ import annotations
 
 import importlib
-from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import BaseModel
 
-from conftest import REPO_ROOT, tiny_params_raw
+from conftest import tiny_params_raw
 from pipeline.methods import registry
+from test_dvc_deps import stage_body, stages
 
 # Keys a training stage reads that cannot change its results, so changing them must not retrain:
 # how the work is spread (equal results: tests/test_executors.py, tests/test_dask_executor.py) and
@@ -79,21 +79,12 @@ def _run_stage(monkeypatch, flow_module: str, *args, methods=()) -> set[str]:
     return reads
 
 
-@cache
-def _stages() -> dict:
-    return yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
-
-
-def _body(stage: str) -> dict:
-    return _stages()[stage].get("do") or _stages()[stage]
-
-
 def _params_reaching(stage: str, item: str | None) -> list[str]:
     """The stage's own params, and those of every stage upstream of it (through the outputs it depends on)."""
-    keys = [str(k).replace("${item}", item or "") for k in _body(stage).get("params", [])]
-    deps = {str(d) for d in _body(stage)["deps"]}
-    for other in _stages():
-        outs = {str(next(iter(o))) if isinstance(o, dict) else str(o) for o in _body(other).get("outs", [])}
+    keys = [str(k).replace("${item}", item or "") for k in stage_body(stage).get("params", [])]
+    deps = {str(d) for d in stage_body(stage)["deps"]}
+    for other in stages():
+        outs = {str(next(iter(o))) if isinstance(o, dict) else str(o) for o in stage_body(other).get("outs", [])}
         if other != stage and outs & deps:
             keys += _params_reaching(other, None)
     return keys
