@@ -46,25 +46,12 @@ def build_fedavg(setting: str, device: str, group_size: int, synthetic: bool, se
     """The harness's partition and clients with the library's FedAvg (ResNet-8 on every client)."""
     from types import SimpleNamespace
 
-    import torch
-
     import torch_harness as h
-    from pipeline.federation.averaging import FedAvg
-    from pipeline.federation.clients import Context, build_clients
-    from pipeline.federation.ledger import Ledger
-    from pipeline.data.partition import make_partition
+    from pipeline.methods.fedavg.method import FedAvg
 
-    s = h.SETTINGS[setting]
-    ds = h.load_data(synthetic)
-    part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
-                                  samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
-                                  max_retries=100)
-    part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)
     params = h.bench_params("resnet8", "round", group_size, seed)
     params.fedavg = SimpleNamespace(eval_model="personalized")
-    dev = torch.device(device)
-    clients = build_clients(params, part, ds, dev, False)
-    return FedAvg(Context(params, clients, Ledger(), part, dev, Path("/tmp"), ds.num_classes, False)), part
+    return h.simulation(FedAvg, setting, params, device, synthetic, seed)
 
 
 def make_executor(args):
@@ -88,14 +75,11 @@ def one_run(args) -> dict:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.method == "fedavg":
-        method, part = build_fedavg(args.setting, args.device, args.group_size, args.synthetic)
+        sim, part = build_fedavg(args.setting, args.device, args.group_size, args.synthetic)
     else:
-        method, _, part = h.build(args.setting, "sequential", args.consistency, args.device, args.group_size,
-                                  args.synthetic)
+        sim, part = h.build(args.setting, args.consistency, args.device, args.group_size, args.synthetic)
     setup_s = time.perf_counter() - start
-    if not hasattr(method.ctx.params.train, "fresh_optimizer"):  # torch_harness's params predate it (default: false)
-        method.ctx.params.train.fresh_optimizer = False
-    executor = make_executor(args)
+    executor = sim.executor = make_executor(args)
     try:
         start = time.perf_counter()
         if hasattr(executor, "start"):
@@ -103,14 +87,14 @@ def one_run(args) -> dict:
         cluster_s = time.perf_counter() - start
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        seconds = h.timed_rounds(method, executor, args.rounds, args.device)
+        seconds = h.timed_rounds(sim, args.rounds, args.device)
         stats = getattr(executor, "last_round", None)
     finally:
         if hasattr(executor, "close"):
             executor.close()
-    out = {"executor": args.executor, "method": args.method, "round_s": seconds, "acc": h.mean_accuracy(method),
+    out = {"executor": args.executor, "method": args.method, "round_s": seconds, "acc": h.mean_accuracy(sim),
            "setup_s": setup_s, "cluster_s": cluster_s, "clients": part.num_clients, "samples": part.num_train,
-           "bytes": method.ctx.ledger.total(),
+           "bytes": sim.ledger.total(),
            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     if stats:
         out["dask"] = dask_summary(stats)

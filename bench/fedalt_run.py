@@ -68,13 +68,13 @@ def main() -> None:
         t0 = time.perf_counter()
         trainer.run_round(rnd)
         acc = trainer.history[-1][1]
-        led = trainer.ctx.ledger
+        led = trainer.ledger
         sent = sum(1 for (_, _, d, _, _, _) in led.rows(rnd) if d == DOWN)
         print(f"| {rnd} | {sent} | {acc:.4f} | "
               f"{extras['acc_exit1']:.4f} | {extras['acc_exit2']:.4f} | {extras['acc_global']:.4f} | {led.total(rnd, UP):,} | "
               f"{led.total(rnd, DOWN):,} | {time.perf_counter() - t0:.1f} |", flush=True)
     summary = trainer.finish()
-    state = trainer.ctx.clients[0].model.state_dict()
+    state = trainer.clients[0].model.state_dict()
     sizes = {b: sum(nbytes(t) for t in block_state(state, b).values()) for b in range(1, NUM_BLOCKS + 1)}
     full = 2 * sum(sizes.values()) * part.num_clients * params.train.rounds
     print(f"\nblock sizes (bytes per transfer): {sizes}")

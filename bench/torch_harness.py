@@ -2,7 +2,7 @@
 
 A bare GPU machine has none of the service libraries (no pydantic, SQLAlchemy, faiss, DuckDB),
 so this builds what the pipeline's stages would (a Dirichlet partition, hashes, per-label
-neighbours) with numpy/torch and runs the library's own round (`pipeline.train.engine.run_round`)
+neighbours) with numpy/torch and runs the library's own round (`pipeline.train.engine.Simulation`)
 with the library's FedCache, executors and clients. What differs from a pipeline run, and
 does not change a round's cost: the hash is a seeded random projection of the pixels (not
 HOG), neighbours come from an exact torch top-k per label (not faiss), and the knowledge
@@ -23,13 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.methods.fedcache.method import FedCache  # noqa: E402
-from pipeline.federation.clients import Context, build_clients  # noqa: E402
-from pipeline.federation.ledger import Ledger  # noqa: E402
 from pipeline.data.datasets import ImageDataset, load_dataset  # noqa: E402
-from pipeline.train.engine import Timer, run_round  # noqa: E402
-from pipeline.train.executors import SequentialExecutor, VectorizedExecutor  # noqa: E402
 from pipeline.data.partition import Partition, make_partition  # noqa: E402
+from pipeline.federation.clients import build_clients  # noqa: E402
+from pipeline.federation.contract import Method, ServerContext  # noqa: E402
+from pipeline.methods.fedcache.method import FedCache  # noqa: E402
+from pipeline.train.engine import Simulation, Timer  # noqa: E402
+from pipeline.train.executors import SequentialExecutor  # noqa: E402
 
 SETTINGS = {
     # the official code's setting: K = 20 over all 60,000 FashionMNIST samples, A1/A2/A3 by client index
@@ -45,7 +45,8 @@ SETTINGS = {
 
 def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -> SimpleNamespace:
     train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
-                            eval_batch_size=512, model=model, group_size=group_size, executor="vectorized")
+                            eval_batch_size=512, model=model, group_size=group_size, executor="vectorized",
+                            fresh_optimizer=False)
     fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip")
     return SimpleNamespace(seed=seed, train=train, fedcache=fedcache)
 
@@ -93,43 +94,52 @@ class HarnessFedCache(FedCache):
     def open_store(self):
         return None
 
-    def setup(self):
-        return {}  # the one-time hash upload is not part of a round's cost
 
-
-def build(setting: str, executor: str, consistency: str, device: str, group_size: int, synthetic: bool,
-          seed: int = 0) -> tuple[HarnessFedCache, object, Partition]:
+def partition_and_clients(setting: str, device: str, synthetic: bool, seed: int, params) -> tuple:
+    """The setting's Dirichlet partition, its dataset and the library's clients over it."""
     s = SETTINGS[setting]
     ds = load_data(synthetic)
     part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
                                   samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
                                   max_retries=100)
     part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)
-    params = bench_params(s["model"], consistency, group_size, seed)
     dev = torch.device(device)
     clients = build_clients(params, part, ds, dev, s["hetero"])
-    HarnessFedCache.relations = relations_by_label(ds.train_x[part.train_index], part.train_labels, 16)
-    ctx = Context(params, clients, Ledger(), part, dev, Path("/tmp"), ds.num_classes, s["hetero"])
-    method = HarnessFedCache(ctx)
-    ex = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(group_size)
-    return method, ex, part
+    ctx = ServerContext(params, part.num_clients, ds.num_classes, ds.input_shape, part, dev, Path("/tmp"), s["hetero"])
+    return ds, part, clients, ctx
 
 
-def timed_rounds(method, executor, rounds: int, device: str) -> list[float]:
+def simulation(method_cls: type[Method], setting: str, params, device: str, synthetic: bool, seed: int = 0
+               ) -> tuple[Simulation, Partition]:
+    """The library's Simulation of a method over the setting (sequential executor: set `.executor` to change it)."""
+    ds, part, clients, ctx = partition_and_clients(setting, device, synthetic, seed, params)
+    if method_cls is HarnessFedCache:
+        HarnessFedCache.relations = relations_by_label(ds.train_x[part.train_index], part.train_labels, 16)
+    return Simulation(method_cls, clients, ctx, SequentialExecutor()), part
+
+
+def build(setting: str, consistency: str, device: str, group_size: int, synthetic: bool, seed: int = 0
+          ) -> tuple[Simulation, Partition]:
+    """FedCache over the setting."""
+    params = bench_params(SETTINGS[setting]["model"], consistency, group_size, seed)
+    return simulation(HarnessFedCache, setting, params, device, synthetic, seed)
+
+
+def timed_rounds(sim: Simulation, rounds: int, device: str) -> list[float]:
     """Seconds of each round (downloads, local training, uploads, aggregation; no evaluation)."""
     out = []
-    selected = list(range(len(method.ctx.clients)))
+    selected = list(range(len(sim.clients)))
     for r in range(1, rounds + 1):
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
-        run_round(method, executor, r, selected, Timer())
+        sim.run_round(r, selected, Timer())
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         out.append(time.perf_counter() - start)
     return out
 
 
-def mean_accuracy(method) -> float:
-    rows, _ = method.evaluate(0)
+def mean_accuracy(sim: Simulation) -> float:
+    rows, _ = sim.evaluate(0)
     return float(np.mean([a for _, a, _ in rows]))

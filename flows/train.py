@@ -68,7 +68,7 @@ def train_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
         def on_round(round_: int) -> None:
             acc = trainer.history[-1][1]
             rounds.set_postfix_str(("" if acc is None else f"acc {acc:.4f}, ") +
-                                   f"{trainer.ctx.ledger.total() / 1e6:,.2f} MB so far", refresh=False)
+                                   f"{trainer.ledger.total() / 1e6:,.2f} MB so far", refresh=False)
             rounds.update(1)
             log_progress(progress.state(rounds))
 

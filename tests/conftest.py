@@ -161,6 +161,14 @@ def with_section(params, section: str, **values):
     return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})
 
 
+def tiny(params, method: str):
+    """params with the method's smallest setting (its params class's `tiny_setting`)."""
+    from pipeline.methods import registry
+
+    setting = registry.params_class(method).tiny_setting
+    return with_section(params, method, **setting) if setting else params
+
+
 @pytest.fixture
 def float64(monkeypatch):
     """Clients' data and new tensors in float64: executors compared to 1e-9 (float32 BatchNorm on tiny

@@ -8,6 +8,9 @@ the method allows it, heterogeneous models:
     accuracies, same weights to 1e-9): in float32 the two sum in different orders, and BatchNorm
     over a batch of one or two samples amplifies the last bit;
   - a run resumed from a checkpoint taken after round 1 ends exactly where an uninterrupted run does;
+  - the server half holds no client, model, optimizer or client tensor (the boundary: what it
+    knows of a client came as a payload);
+  - every row of its byte ledger weighs what its declared formula (`Method.wire`) says;
   - every key of its params section refuses a value of the wrong type, and an unknown key, naming
     the key in the error;
   - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.08.
@@ -18,10 +21,11 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from conftest import make_workspace, tiny_params_raw, with_section
+from conftest import make_workspace, tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
 from pipeline.methods import registry
@@ -35,12 +39,6 @@ IDS = [f"{name}-{'hetero' if hetero else 'homo'}" for name, hetero in CASES]
 # the heterogeneous cases (ResNet-8/16/20 side by side) in the end-to-end tier: `make test-fast` keeps to 3 minutes
 PARAMS = [pytest.param(name, hetero, id=i, marks=[pytest.mark.slow] if hetero else [])
           for (name, hetero), i in zip(CASES, IDS)]
-
-
-def tiny(params, method: str):
-    """params with the method's smallest setting (its params class's `tiny_setting`)."""
-    setting = registry.params_class(method).tiny_setting
-    return with_section(params, method, **setting) if setting else params
 
 
 def _trainer(params, part, mnist, method: str, run: str, hetero: bool = False, executor: str | None = None):
@@ -57,11 +55,11 @@ def _rounds(trainer: Trainer, rounds: range) -> None:
 
 
 def _assert_same_state(a: Trainer, b: Trainer, **tol) -> None:
-    assert a.ctx.ledger.state_dict() == b.ctx.ledger.state_dict()  # byte-identical ledger
-    rows_a, rows_b = a.algorithm.evaluate(0)[0], b.algorithm.evaluate(0)[0]
+    assert a.ledger.state_dict() == b.ledger.state_dict()  # byte-identical ledger
+    rows_a, rows_b = a.sim.evaluate(0)[0], b.sim.evaluate(0)[0]
     assert [(k, n) for k, _, n in rows_a] == [(k, n) for k, _, n in rows_b]
     assert [x for _, x, _ in rows_a] == pytest.approx([x for _, x, _ in rows_b], abs=tol.get("atol", 0))
-    for c_a, c_b in zip(a.ctx.clients, b.ctx.clients):
+    for c_a, c_b in zip(a.clients, b.clients):
         state_a, state_b = c_a.model.state_dict(), c_b.model.state_dict()
         assert state_a.keys() == state_b.keys()
         for name in state_a:
@@ -81,14 +79,67 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
         assert isinstance(vec.executor, SequentialExecutor) and why.strip()
     else:
         assert isinstance(vec.executor, VectorizedExecutor)
-    sizes = [c.num_train for c in seq.ctx.clients]
+    sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
     for trainer in (seq, vec):
         trainer.start()
         _rounds(trainer, range(1, 3))
-    for c in seq.ctx.clients:
+    for c in seq.clients:
         assert all(p.dtype != torch.float32 for p in c.model.state_dict().values())  # really in float64
     _assert_same_state(seq, vec, atol=1e-9, rtol=1e-7)
+
+
+def _reachable(root, skip: set[int]):
+    """Every object reachable from `root` through attributes and containers (tensors and arrays are leaves)."""
+    seen, stack = set(skip), [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
+            continue
+        seen.add(id(obj))
+        yield obj
+        if isinstance(obj, (torch.Tensor, np.ndarray)):
+            continue
+        if isinstance(obj, dict):
+            stack += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += list(obj)
+        elif hasattr(obj, "__dict__"):
+            stack += list(vars(obj).values())
+
+
+def _assert_server_holds_no_client_object(trainer: Trainer) -> None:
+    """The boundary: after training, the server half reaches no client, model, optimizer, parameter or data
+    tensor of a client (what it knows of them came as payloads: copies)."""
+    clients = trainer.clients
+    owned = {id(c): f"client {c.id}" for c in clients}
+    for c in clients:
+        owned |= {id(c.model): f"client {c.id}'s model", id(c.optimizer): f"client {c.id}'s optimizer",
+                  id(c.x_train): f"client {c.id}'s samples", id(c.state): f"client {c.id}'s state"}
+        owned |= {id(t): f"client {c.id}'s {n}" for n, t in c.model.state_dict(keep_vars=True).items()}
+    server = trainer.algorithm
+    params = {id(server.ctx.params)}  # shared config, not client state
+    for obj in _reachable(server, params):
+        assert id(obj) not in owned, f"{server.name}'s server half holds {owned[id(obj)]}"
+
+
+def _assert_ledger_follows_the_declared_formula(trainer: Trainer) -> None:
+    """Every ledger row (round, client, direction, kind) weighs what the method's `wire` declares."""
+    server, ledger = trainer.algorithm, trainer.ledger
+    wires = {c.id: server.wire(c.id) for c in trainer.clients}
+    rows = [row for r in sorted(ledger.counts) for row in ledger.rows(r)]
+    for r, k, direction, kind, size, _ in rows:
+        where = f"{server.name} round {r} client {k} {direction} {kind!r} ({size:,} B)"
+        wire = wires[k].get((direction, kind))
+        assert wire is not None, f"{where}: not declared in {type(server).__name__}.wire"
+        assert size % wire.unit == 0, f"{where}: not a whole number of {wire.unit}-byte units"
+        count = size // wire.unit
+        if wire.exact:
+            assert count == wire.count, f"{where}: {count} units of {wire.unit} B, declared {wire.count}"
+        else:
+            assert 1 <= count <= wire.count, f"{where}: {count} units of {wire.unit} B, declared 1..{wire.count}"
+    if server.name != "local":
+        assert rows, f"{server.name}: nothing was counted"
 
 
 @pytest.mark.parametrize("method, hetero", PARAMS)
@@ -100,6 +151,8 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnis
     straight = _trainer(params, part, mnist, method, "straight", hetero)
     straight.start()
     _rounds(straight, range(1, 3))
+    _assert_server_holds_no_client_object(straight)
+    _assert_ledger_follows_the_declared_formula(straight)
 
     killed = _trainer(params, part, mnist, method, "resumed", hetero)
     assert killed.start() == 1
@@ -110,6 +163,18 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnis
     _rounds(resumed, range(2, 3))
     _assert_same_state(straight, resumed, atol=0, rtol=0)
     assert straight.history[-1] == resumed.history[-1]
+
+
+def test_the_boundary_check_sees_a_server_that_keeps_a_client_object(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = _trainer(params, part, mnist, "local", "leak")
+    _assert_server_holds_no_client_object(trainer)
+    trainer.algorithm.kept = {"rows": [trainer.clients[1].optimizer]}  # what a careless server half might keep
+    with pytest.raises(AssertionError, match="client 1's optimizer"):
+        _assert_server_holds_no_client_object(trainer)
+    trainer.algorithm.kept = [next(trainer.clients[2].model.parameters())]
+    with pytest.raises(AssertionError, match="client 2's stem"):
+        _assert_server_holds_no_client_object(trainer)
 
 
 def _wrong_type(annotation) -> object:

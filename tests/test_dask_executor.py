@@ -1,8 +1,9 @@
 """The dask executor (`train.executor: dask`) computes what the sequential one does.
 
-As in tests/test_executors.py: two real runs on the tiny MNIST setting (3 uneven clients, 2
-rounds, batch 8, float64) must give a byte-identical ledger, the same per-client accuracies
-and the same weights. The dask runs use a local cluster of 2 worker processes that the
+As in the conformance suite (tests/test_conformance.py), for every method in the registry: two
+real runs on the tiny MNIST setting (3 uneven clients, 2 rounds, batch 8, float64, the method's
+`tiny_setting`) must give a byte-identical ledger, the same per-client accuracies and the same
+weights. The dask runs use a local cluster of 2 worker processes that the
 executor starts itself (one for the whole module: starting one takes seconds), and, for the
 multi-machine layout, a scheduler and 2 workers started here as separate processes on
 127.0.0.1 and joined through `train.dask_address`. Whatever a test starts it stops, also when
@@ -25,13 +26,14 @@ import pytest
 import torch
 
 from pipeline import paths
+from pipeline.methods import registry
 from pipeline.methods.registry import REGISTRY
 from pipeline.config import ConfigError, parse_params
 from pipeline.train.engine import Trainer
 from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
-from conftest import tiny_params_raw, with_section
+from conftest import tiny, tiny_params_raw, with_section
 
 DASK = Path(sys.executable).with_name("dask")
 
@@ -47,7 +49,7 @@ def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
     trainer.start()
     for r in range(1, rounds + 1):
         trainer.run_round(r)
-    return trainer.algorithm.evaluate(rounds)[0]
+    return trainer.sim.evaluate(rounds)[0]
 
 
 def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None:
@@ -136,27 +138,27 @@ def separate_cluster(tmp_path_factory, prefect_api):
         _stop(procs)
 
 
-CASES = ["fedavg", "fedcache", "fd", "fedproto"]
+CASES = registry.names()  # FedCache with its tiny setting's `round` consistency (`live` needs the server half)
 
 
 @pytest.mark.slow  # end to end: Dask clusters of worker processes, task runs reported to the session's Prefect server
 @pytest.mark.parametrize("algorithm", CASES)
 def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, algorithm):
     _, params, part = tiny_workspace
-    params = with_section(params, "fedcache", consistency="round")
+    params = tiny(params, algorithm)
     seq = _trainer(params, part, mnist, algorithm, "sequential")
     dask = _trainer(params, part, mnist, algorithm, "dask", dask_workers=2)
     assert type(dask.executor).__name__ == "DaskExecutor"
     dask.executor = local_cluster  # the module's cluster (this one has not started any)
-    sizes = [c.num_train for c in seq.ctx.clients]
+    sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
 
     rows_seq, rows_dask = _train(seq), _train(dask)
 
-    assert seq.ctx.ledger.state_dict() == dask.ctx.ledger.state_dict()  # byte-identical ledger
+    assert seq.ledger.state_dict() == dask.ledger.state_dict()  # byte-identical ledger
     assert [(k, n) for k, _, n in rows_seq] == [(k, n) for k, _, n in rows_dask]
     assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-12)
-    for c_seq, c_dask in zip(seq.ctx.clients, dask.ctx.clients):
+    for c_seq, c_dask in zip(seq.clients, dask.clients):
         for (name, p), q in zip(c_seq.model.state_dict().items(), c_dask.model.state_dict().values()):
             assert q.dtype == p.dtype and p.dtype != torch.float32, name  # the workers trained in float64 too
             torch.testing.assert_close(q, p, atol=1e-9, rtol=1e-7, msg=lambda m, n=name: f"client {c_seq.id} {n}: {m}")
@@ -182,9 +184,9 @@ def test_separate_scheduler_and_workers(tiny_workspace, mnist, float64, separate
         workers = {s["worker"] for s in dask.executor.last_round["clients"].values()}
     finally:
         dask.close()
-    assert seq.ctx.ledger.state_dict() == dask.ctx.ledger.state_dict()
+    assert seq.ledger.state_dict() == dask.ledger.state_dict()
     assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-12)
-    for c_seq, c_dask in zip(seq.ctx.clients, dask.ctx.clients):
+    for c_seq, c_dask in zip(seq.clients, dask.clients):
         for p, q in zip(c_seq.model.state_dict().values(), c_dask.model.state_dict().values()):
             assert p.dtype != torch.float32  # really in float64
             torch.testing.assert_close(q, p, atol=1e-9, rtol=1e-7)

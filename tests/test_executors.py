@@ -32,7 +32,7 @@ def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
     trainer.start()
     for r in range(1, rounds + 1):
         trainer.run_round(r)
-    return trainer.algorithm.evaluate(rounds)[0]
+    return trainer.sim.evaluate(rounds)[0]
 
 
 def test_live_consistency_falls_back_to_the_sequential_executor(tiny_workspace, mnist, capsys):
@@ -66,12 +66,12 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
     params = with_section(params, "train", rounds=8)
     live = _trainer(with_section(params, "fedcache", consistency="live"), part, mnist, "fedcache", "sequential")
     step = _trainer(with_section(params, "fedcache", consistency="step"), part, mnist, "fedcache", "vectorized")
-    before = sum(a for _, a, _ in live.algorithm.evaluate(0)[0]) / 3
+    before = sum(a for _, a, _ in live.sim.evaluate(0)[0]) / 3
     acc_live = sum(a for _, a, _ in _train(live, 8)) / 3
     acc_step = sum(a for _, a, _ in _train(step, 8)) / 3
     print(f"mean accuracy: initial {before:.3f}, live {acc_live:.3f}, step {acc_step:.3f}")
     assert acc_live > before + 0.3 and acc_step > before + 0.3  # seeds 0-5 gained 0.53 or more
     assert abs(acc_live - acc_step) < GAP_BOUND
     # the same exchange happened: every sample's logits went up once per round, its teachers came down
-    assert live.ctx.ledger.total() == step.ctx.ledger.total()
+    assert live.ledger.total() == step.ledger.total()
     assert (step.algorithm.cache.updated_in == 8).all()

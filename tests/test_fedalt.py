@@ -2,6 +2,7 @@
 aggregation, full-model rounds (multiples of tau+1), the seeded capacity profile, two-way and
 one-way self-distillation, whole-model uploads and bytes in a real run, acc_global, resume."""
 
+import copy
 from types import SimpleNamespace
 
 import duckdb
@@ -216,8 +217,8 @@ def _fedalt_params(params, **fedalt):
 
 
 def _weighted_mean_of_clients(trainer) -> dict[str, torch.Tensor]:
-    states = [{n: t.detach().cpu() for n, t in c.model.state_dict().items()} for c in trainer.ctx.clients]
-    w = [float(c.num_train) for c in trainer.ctx.clients]
+    states = [{n: t.detach().cpu() for n, t in c.model.state_dict().items()} for c in trainer.clients]
+    w = [float(c.num_train) for c in trainer.clients]
     assert len(set(w)) > 1  # uneven clients: a plain mean would differ
     out = {}
     for n, t in states[0].items():
@@ -231,8 +232,8 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     # tau 1: round 1 partial (every client 1 or 2 blocks: tiers 1..2, links congested at random), round 2 full
     params = _fedalt_params(params, tau=1, capacity=[0.5, 0.5, 0.0], congestion=0.5)
     trainer = _trainer(params, part, mnist)
-    assert all(isinstance(c.model, MultiExitResNet) for c in trainer.ctx.clients)
-    assert all(c.optimizer.param_groups[0]["params"][0] is next(c.model.parameters()) for c in trainer.ctx.clients)
+    assert all(isinstance(c.model, MultiExitResNet) for c in trainer.clients)
+    assert all(c.optimizer.param_groups[0]["params"][0] is next(c.model.parameters()) for c in trainer.clients)
     sent = {(r, k): trainer.algorithm.blocks_sent(r, k) for r in (1, 2) for k in range(3)}
     assert all(sent[1, k] < NUM_BLOCKS for k in range(3)) and all(sent[2, k] == NUM_BLOCKS for k in range(3))
     trainer.start()
@@ -248,7 +249,7 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
             else:
                 assert torch.equal(t, mean[n]), n
     summary = trainer.finish()
-    state = trainer.ctx.clients[0].model.state_dict()
+    state = trainer.clients[0].model.state_dict()
     size = {b: sum(nbytes(t) for t in block_state(state, b).values()) for b in (1, 2, 3)}
     con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
     rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
@@ -269,10 +270,11 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     assert summary["bytes_total"] == down1 + 9 * whole
     assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global"}
     # acc_global: the global model (final exit) on every client's test split, the mean over clients
-    model = trainer.algorithm._global_model()
-    accs = [evaluate_model(model, c.x_test, c.y_test, 512)[0] for c in trainer.ctx.clients]
+    model = copy.deepcopy(trainer.clients[0].model)
+    model.load_state_dict(trainer.algorithm.global_state)
+    accs = [evaluate_model(model, c.x_test, c.y_test, 512)[0] for c in trainer.clients]
     assert extras[2, "acc_global"] == pytest.approx(sum(accs) / 3)
-    personal = [evaluate_model(c.model, c.x_test, c.y_test, 512)[0] for c in trainer.ctx.clients]
+    personal = [evaluate_model(c.model, c.x_test, c.y_test, 512)[0] for c in trainer.clients]
     assert extras[2, "acc_exit3"] == pytest.approx(sum(personal) / 3)
 
 
@@ -288,6 +290,6 @@ def test_resume_continues_exactly(tiny_workspace, mnist):
     resumed.run_round(2)
     for n, t in straight.algorithm.global_state.items():
         assert torch.equal(t, resumed.algorithm.global_state[n]), n
-    for a, b in zip(straight.ctx.clients, resumed.ctx.clients):
+    for a, b in zip(straight.clients, resumed.clients):
         for (n, t), u in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(t, u), n

@@ -17,10 +17,11 @@ from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.fedproto.method import (FedProto, aggregate, aggregation_weights, class_prototypes, compress,
                                           decompress, prototype_mse_rows, topk_count)
-from pipeline.federation.ledger import DOWN, Ledger
+from pipeline.federation.ledger import DOWN
 from pipeline.config import ConfigError, parse_params
-from pipeline.federation.clients import Client, Context, to_tensor
-from pipeline.train.engine import Trainer, run_round
+from pipeline.federation.clients import Client, to_tensor
+from pipeline.federation.contract import ServerContext
+from pipeline.train.engine import Simulation, Trainer
 from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
@@ -163,7 +164,7 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
     _, _, part = tiny_workspace
     trainer = _trainer(tiny_workspace, mnist, fedproto, hetero)
     if hetero:  # A1/A2/A3 by client index: ResNet-8/16/20 share the 64-dim feature space
-        assert [len(c.model.stages[0]) for c in trainer.ctx.clients] == [1, 2, 3]
+        assert [len(c.model.stages[0]) for c in trainer.clients] == [1, 2, 3]
     summary = trainer.run()
     algo = trainer.algorithm
     D, K = 64, part.num_clients
@@ -201,7 +202,7 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
     g, has = algo.global_protos, algo.global_has
     assert int(has.sum()) == c_global
     accs = []
-    for c in trainer.ctx.clients:
+    for c in trainer.clients:
         with torch.no_grad():
             c.model.eval()
             f = c.model.features(c.x_test)
@@ -209,7 +210,7 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
         accs.append(float((d.argmin(1) == c.y_test).float().mean()))
     assert readings[(2, "acc_prototype")] == pytest.approx(np.mean(accs))
     if fedproto["compress"]:
-        refs = torch.stack([c.state["prototype_ref"] for c in trainer.ctx.clients])
+        refs = torch.stack([c.state["prototype_ref"] for c in trainer.clients])
         assert torch.equal(refs, algo.protos)  # client and server keep the same reconstruction
         # after two uploads of ceil(0.25*64)=16 dims each, at most 32 dims of each prototype are non-zero
         nz = (algo.protos[algo.held] != 0).sum(1)
@@ -236,7 +237,8 @@ class TinyNet(nn.Module):
         return self.head(self.features(x))
 
 
-def _context(mnist, tmp_path, fedproto: dict, models: list[nn.Module], n: int = 40) -> Context:
+def _simulation(mnist, tmp_path, fedproto: dict, models: list[nn.Module], n: int = 40) -> Simulation:
+    """FedProto over clients with the given (custom) models, set up (round 0 done)."""
     params = parse_params(tiny_params_raw({"fedproto": fedproto}))
     t = params.train
     clients = []
@@ -247,7 +249,11 @@ def _context(mnist, tmp_path, fedproto: dict, models: list[nn.Module], n: int = 
         xt, yt = to_tensor(mnist.test_x[lo:lo + n]), torch.from_numpy(mnist.test_y[lo:lo + n]).long()
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         clients.append(Client(k, model, opt, x, y, torch.arange(lo, lo + n), xt, yt))
-    return Context(params, clients, Ledger(), None, torch.device("cpu"), tmp_path, mnist.num_classes, True)
+    ctx = ServerContext(params, len(clients), mnist.num_classes, mnist.input_shape, None, torch.device("cpu"), tmp_path,
+                        hetero=True)
+    sim = Simulation(FedProto, clients, ctx, SequentialExecutor())
+    sim.setup()
+    return sim
 
 
 def _mixed_models(mnist):
@@ -257,47 +263,47 @@ def _mixed_models(mnist):
 
 def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist, tmp_path):
     with pytest.raises(ConfigError, match="align"):
-        FedProto(_context(mnist, tmp_path, {"align": False}, _mixed_models(mnist)))
-    ctx = _context(mnist, tmp_path, {"align": True, "align_dim": 16}, _mixed_models(mnist))
-    algo = FedProto(ctx)
-    adapters = [c.model.adapter for c in ctx.clients]  # part of each client's model, trained by its optimizer
+        _simulation(mnist, tmp_path, {"align": False}, _mixed_models(mnist))
+    sim = _simulation(mnist, tmp_path, {"align": True, "align_dim": 16}, _mixed_models(mnist))
+    algo = sim.server
+    adapters = [c.model.adapter for c in sim.clients]  # part of each client's model, trained by its optimizer
     assert [a[0].in_features for a in adapters] == [32, 64]
     torch.testing.assert_close(adapters[0][2].weight, adapters[1][2].weight)  # common initialisation
     before = [copy.deepcopy(a.state_dict()) for a in adapters]
-    run_round(algo, SequentialExecutor(), 1, [0, 1])
+    sim.run_round(1, [0, 1])
     assert algo.protos.shape == (2, mnist.num_classes, 16)
-    for c in ctx.clients:  # each client uploaded a 16-dim prototype for every class it holds
+    for c in sim.clients:  # each client uploaded a 16-dim prototype for every class it holds
         assert torch.nonzero(algo.held[c.id]).flatten().tolist() == c.y_train.unique().tolist()
     shared = algo.held[0] & algo.held[1]
     assert shared.any()
     # the global prototype of a shared class is the count-weighted mean of the two clients' 16-dim prototypes
     w = algo.counts[:, shared].float() / algo.counts[:, shared].sum(0)
     torch.testing.assert_close(algo.global_protos[shared], (w.unsqueeze(-1) * algo.protos[:, shared]).sum(0))
-    run_round(algo, SequentialExecutor(), 2, [0, 1])
-    downs = {k: b for _, k, d, _, b, _ in ctx.ledger.rows(2) if d == DOWN}
+    sim.run_round(2, [0, 1])
+    downs = {k: b for _, k, d, _, b, _ in sim.ledger.rows(2) if d == DOWN}
     assert downs == {0: int(algo.global_has.sum()) * (8 + 4 * 16), 1: int(algo.global_has.sum()) * (8 + 4 * 16)}
     # the adapters were trained (the MSE term reaches them from round 2 on)
     assert not torch.equal(before[0]["0.weight"], adapters[0][0].weight)
     assert not torch.equal(before[1]["0.weight"], adapters[1][0].weight)
-    rows, extras = algo.evaluate(2)
+    rows, extras = sim.evaluate(2)
     assert len(rows) == 2 and 0.0 <= extras["acc_prototype"] <= 1.0
 
 
 @pytest.mark.parametrize("reading", ["classifier", "prototype"])
 def test_round_figure_follows_the_eval_param(mnist, tmp_path, reading):
     torch.manual_seed(0)
-    ctx = _context(mnist, tmp_path, {"eval": reading}, [build_model("resnet8", 1, mnist.num_classes) for _ in range(2)])
-    algo = FedProto(ctx)
-    rows, extras = algo.evaluate(0)  # no global prototypes: the prototype reading falls back to the classifier
+    sim = _simulation(mnist, tmp_path, {"eval": reading}, [build_model("resnet8", 1, mnist.num_classes) for _ in range(2)])
+    algo = sim.server
+    rows, extras = sim.evaluate(0)  # no global prototypes: the prototype reading falls back to the classifier
     assert extras["acc_prototype"] == extras["acc_classifier"]
     with torch.no_grad():
-        classifier = [float((c.model.eval()(c.x_test).argmax(1) == c.y_test).float().mean()) for c in ctx.clients]
+        classifier = [float((c.model.eval()(c.x_test).argmax(1) == c.y_test).float().mean()) for c in sim.clients]
     # one global prototype (class 1): every test sample is predicted as class 1
     algo.global_has[1] = True
     algo.global_protos[1] = torch.randn(64)
-    prototype = [float((c.y_test == 1).float().mean()) for c in ctx.clients]
+    prototype = [float((c.y_test == 1).float().mean()) for c in sim.clients]
     assert prototype != classifier  # the two readings differ here, so the check below can tell them apart
-    rows, extras = algo.evaluate(1)
+    rows, extras = sim.evaluate(1)
     assert [r[0] for r in rows] == [0, 1] and [r[2] for r in rows] == [40, 40]
     assert [r[1] for r in rows] == pytest.approx(prototype if reading == "prototype" else classifier)
     assert extras == pytest.approx({"acc_classifier": np.mean(classifier), "acc_prototype": np.mean(prototype)})
@@ -305,34 +311,34 @@ def test_round_figure_follows_the_eval_param(mnist, tmp_path, reading):
 
 def test_state_dict_round_trip_resumes_exactly(mnist, tmp_path):
     fedproto = {"align": True, "align_dim": 16, "compress": True, "aggregation": "confidence"}
-    ctx = _context(mnist, tmp_path, fedproto, _mixed_models(mnist))
-    algo = FedProto(ctx)
-    run_round(algo, SequentialExecutor(), 1, [0, 1])
-    run_round(algo, SequentialExecutor(), 2, [0])  # partial participation: client 1's round-1 upload stays in use
+    sim = _simulation(mnist, tmp_path, fedproto, _mixed_models(mnist))
+    algo = sim.server
+    sim.run_round(1, [0, 1])
+    sim.run_round(2, [0])  # partial participation: client 1's round-1 upload stays in use
     saved_algo = copy.deepcopy(algo.state_dict())
     saved_clients = [(copy.deepcopy(c.model.state_dict()), copy.deepcopy(c.optimizer.state_dict()), copy.deepcopy(c.state))
-                     for c in ctx.clients]
-    run_round(algo, SequentialExecutor(), 3, [0, 1])
-    rows, extras = algo.evaluate(3)
+                     for c in sim.clients]
+    sim.run_round(3, [0, 1])
+    rows, extras = sim.evaluate(3)
 
-    ctx2 = _context(mnist, tmp_path, fedproto, _mixed_models(mnist))
-    resumed = FedProto(ctx2)
+    sim2 = _simulation(mnist, tmp_path, fedproto, _mixed_models(mnist))
+    resumed = sim2.server
     resumed.load_state_dict(saved_algo)
-    for c, (m, o, st) in zip(ctx2.clients, saved_clients):
+    for c, (m, o, st) in zip(sim2.clients, saved_clients):
         c.model.load_state_dict(m)
         c.optimizer.load_state_dict(o)
         c.state = st
-    adapter_weight = ctx2.clients[0].model.adapter[0].weight
-    assert "momentum_buffer" in ctx2.clients[0].optimizer.state[adapter_weight]  # the adapter's momentum came back
-    run_round(resumed, SequentialExecutor(), 3, [0, 1])
-    rows2, extras2 = resumed.evaluate(3)
+    adapter_weight = sim2.clients[0].model.adapter[0].weight
+    assert "momentum_buffer" in sim2.clients[0].optimizer.state[adapter_weight]  # the adapter's momentum came back
+    sim2.run_round(3, [0, 1])
+    rows2, extras2 = sim2.evaluate(3)
     assert rows2 == rows and extras2 == extras
     for name, value in algo.state_dict().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, resumed.state_dict()[name]), name
-    for c1, c2 in zip(ctx.clients, ctx2.clients):
+    for c1, c2 in zip(sim.clients, sim2.clients):
         for (n, p), (_, q) in zip(c1.model.adapter.state_dict().items(), c2.model.adapter.state_dict().items()):
             assert torch.equal(p, q), n
-    for c1, c2 in zip(ctx.clients, ctx2.clients):
+    for c1, c2 in zip(sim.clients, sim2.clients):
         for p, q in zip(c1.model.parameters(), c2.model.parameters()):
             assert torch.equal(p, q)

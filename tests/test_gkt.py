@@ -56,7 +56,7 @@ def test_method_learns_and_counts_features_up_and_logits_down(name, learning_wor
     summary = trainer.run()
     rows, accs = _comm_and_accs(name, summary["run_id"])
     C, (H, W) = part.num_classes, mnist.train_x.shape[1:3]
-    n = {c.id: c.num_train for c in trainer.ctx.clients}
+    n = {c.id: c.num_train for c in trainer.clients}
     up = {k: n[k] * (16 * H * W * 4 + C * 4 + 8) for k in n}  # features, logits (float32), labels (int64)
     down = {k: n[k] * C * 4 for k in n}  # the server's logits, from round 2 on
     expected = [(r, k, "up", "features", up[k]) for r in (1, 2, 3) for k in n]
@@ -74,16 +74,16 @@ def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
     params = with_section(params, "train", rounds=2)
     trainer = _trainer("feddkc", params, part, mnist, hetero=True)
     summary = trainer.run()
-    assert {type(c.model.stages).__name__ for c in trainer.ctx.clients} == {"Sequential"}
-    assert len({sum(p.numel() for p in c.model.parameters()) for c in trainer.ctx.clients}) == 3  # A1, A2, A3
-    assert summary["bytes_total"] > 0 and len(trainer.algorithm.knowledge) == len(trainer.ctx.clients)
+    assert {type(c.model.stages).__name__ for c in trainer.clients} == {"Sequential"}
+    assert len({sum(p.numel() for p in c.model.parameters()) for c in trainer.clients}) == 3  # A1, A2, A3
+    assert summary["bytes_total"] > 0 and len(trainer.algorithm.knowledge) == len(trainer.clients)
 
 
 def test_fedict_client_term_weights_each_class_by_the_local_prior(tiny_workspace, mnist):
     """FPKD per row: T^2 sum_c (1 + mu d_c) q_c log(q_c / p_c); 0 for a sample with no teacher."""
     _, params, part = tiny_workspace
     trainer = _trainer("fedict", params, part, mnist)
-    client = trainer.ctx.clients[0]
+    client = trainer.clients[0]
     local = FedICTClient(params, part.num_classes)
     targets = local.begin(client, [], 1)
     assert torch.isnan(targets["teacher"]).all()  # first round: no server knowledge yet
@@ -102,7 +102,7 @@ def test_fedict_client_term_weights_each_class_by_the_local_prior(tiny_workspace
 
 def test_fedict_server_weights_typical_clients_more(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).ctx)
+    method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).algorithm.ctx)
     uploads = {0: {"labels": torch.tensor([0, 0, 1, 1])}, 1: {"labels": torch.tensor([0, 0, 0, 0])},
                2: {"labels": torch.tensor([0, 1, 1, 1])}}
     method.begin_aggregate(uploads)

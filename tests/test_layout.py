@@ -112,6 +112,21 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _names_from(path: Path, module: str) -> set[str]:
+    """The names a file imports from `module` (`from module import a, b`)."""
+    tree = ast.parse(path.read_text())
+    return {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == module for a in n.names}
+
+
+EXECUTORS = ["pipeline.train.executors", "pipeline.train.dask_executor", "pipeline.train.grouped"]
+
+
+@pytest.mark.parametrize("module", EXECUTORS)
+def test_executors_never_see_the_server_half(module):
+    """An executor gets the client half, the clients and the per-step hook: it cannot import `Method`."""
+    assert "Method" not in _names_from(MODULES[module], "pipeline.federation.contract")
+
+
 def _imports_torch(path: Path) -> bool:
     return any(m.split(".")[0] in ("torch", "torchvision") for m in imported_modules(path))
 
@@ -144,6 +159,7 @@ def test_the_checks_can_fail():
     tree = ast.parse("from pipeline.train.engine import Trainer")
     assert {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names} == {"Trainer"}
     assert _resolve("pipeline.train.engine.Trainer") == "pipeline.train.engine"
+    assert "Method" in _names_from(MODULES["pipeline.train.engine"], "pipeline.federation.contract")
     assert _method_of("pipeline.methods.fedcache.knowledge") == "fedcache" and _method_of("pipeline.methods.gkt") is None
 
 

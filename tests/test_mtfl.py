@@ -29,7 +29,7 @@ def test_a_download_replaces_the_shared_tensors_and_keeps_the_clients_batchnorm(
     _, params, part = tiny_workspace
     trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),
                       RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
-    client = trainer.ctx.clients[1]
+    client = trainer.clients[1]
     private = private_names(client.model)
     with torch.no_grad():
         for name, t in client.model.state_dict().items():
@@ -50,21 +50,21 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),
                       RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
     summary = trainer.run()
-    model = trainer.ctx.clients[0].model
+    model = trainer.clients[0].model
     shared_bytes = sum(t.nbytes for t in shared_state(model, private_names(model)).values())
     with duckdb.connect(str(paths.run_results("mtfl")), read_only=True) as con:
         rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ?",
                            [summary["run_id"]]).fetchall()
         accs = [a for (a,) in con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round",
                                           [summary["run_id"]]).fetchall()]
-    K = len(trainer.ctx.clients)
+    K = len(trainer.clients)
     assert sorted(rows) == sorted((r, k, d, "params", shared_bytes) for r in range(1, 4) for k in range(K)
                                   for d in ("down", "up"))
     assert summary["bytes_total"] == 3 * K * 2 * shared_bytes
     # learns: well above chance (10 classes) and its untrained start (measured: 0.045 -> 0.483)
     assert summary["maua"] > max(0.3, accs[0] + 0.2), accs
     # the server's shared tensors are the sample-weighted mean of what the clients uploaded last
-    expected = weighted_average([shared_state(c.model, trainer.algorithm.private) for c in trainer.ctx.clients],
-                                [float(c.num_train) for c in trainer.ctx.clients])
+    expected = weighted_average([shared_state(c.model, trainer.algorithm.private) for c in trainer.clients],
+                                [float(c.num_train) for c in trainer.clients])
     for name, t in trainer.algorithm.global_state.items():
         assert torch.allclose(t.float(), expected[name].float(), atol=1e-6), name

@@ -236,7 +236,7 @@ def test_bytes_per_directed_edge_with_feedback_delivered_next_round(tiny_workspa
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params, external_peers=1), part, mnist)
     trainer.start()
-    start = [model_state(c.model) for c in trainer.ctx.clients]  # what travels in round 1
+    start = [model_state(c.model) for c in trainer.clients]  # what travels in round 1
     trainer.run_round(1)
     top = {i: nbrs[int(torch.tensor(w).argmax())] for i, (nbrs, w) in trainer.algorithm.last_weights.items()}
     pending = trainer.algorithm.feedback
@@ -303,17 +303,17 @@ def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
 def test_switches_run(tiny_workspace, mnist, switch):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params, rounds=1, **switch), part, mnist)
-    heads_before = [c.model.head.weight.detach().clone() for c in trainer.ctx.clients]
+    heads_before = [c.model.head.weight.detach().clone() for c in trainer.clients]
     summary = trainer.run()
     assert 0 <= summary["final_acc"] <= 1
-    assert all(not torch.equal(h, c.model.head.weight) for h, c in zip(heads_before, trainer.ctx.clients))
+    assert all(not torch.equal(h, c.model.head.weight) for h, c in zip(heads_before, trainer.clients))
     weights = trainer.algorithm.last_weights
     assert sorted(weights) == [0, 1, 2]
     for i, (nbrs, w) in weights.items():
         assert sorted(nbrs) == sorted({0, 1, 2} - {i}) and sum(w) == pytest.approx(1.0)
         if switch.get("attention") is False:
             assert w == pytest.approx([0.5, 0.5])
-            assert "attn_wq" not in trainer.ctx.clients[i].state
+            assert "attn_wq" not in trainer.clients[i].state
         else:
             assert w != pytest.approx([0.5, 0.5], abs=1e-4)  # learned in round 1, not uniform any more
 
@@ -321,14 +321,14 @@ def test_switches_run(tiny_workspace, mnist, switch):
 def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params), part, mnist)
-    initial = [model_state(c.model) for c in trainer.ctx.clients]
+    initial = [model_state(c.model) for c in trainer.clients]
     trainer.start()  # round 0: nothing sent, nothing averaged
-    for c, s in zip(trainer.ctx.clients, initial):
+    for c, s in zip(trainer.clients, initial):
         assert all(torch.equal(s[n], t) for n, t in c.model.state_dict().items())
     assert not torch.equal(initial[0]["stem.0.weight"], initial[1]["stem.0.weight"])  # no common body
     assert (trainer.algorithm.counts.sum(1) == torch.from_numpy(np.diff(part.train_offsets))).all()
     assert torch.allclose(trainer.algorithm.soft.sum(2)[trainer.algorithm.counts > 0], torch.tensor(1.0))
-    assert trainer.ctx.ledger.total() == 0
+    assert trainer.ledger.total() == 0
     trainer.run_round(1)
     saved = torch.load(paths.CHECKPOINTS / "pdfl.pt", weights_only=True)
     for c in saved["clients"]:
@@ -352,12 +352,12 @@ def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
     assert resumed.algorithm.topology.history.keys() == {1, 2}
     assert resumed.algorithm.feedback.keys() == first.algorithm.feedback.keys()
     resumed.run_round(3)
-    for a, b in zip(reference.ctx.clients, resumed.ctx.clients):
+    for a, b in zip(reference.clients, resumed.clients):
         for (n, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(x, y), n
         assert torch.equal(a.state["attn_wq"], b.state["attn_wq"])
     assert torch.equal(reference.algorithm.soft, resumed.algorithm.soft)
-    assert reference.ctx.ledger.state_dict() == resumed.ctx.ledger.state_dict()
+    assert reference.ledger.state_dict() == resumed.ledger.state_dict()
     assert reference.algorithm.topology.to_json() == resumed.algorithm.topology.to_json()
 
 

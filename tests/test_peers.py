@@ -67,7 +67,7 @@ def _comm(run_id):
 def test_fedavg_bytes_are_the_state_dict_sizes(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer, summary = _run(params, part, "fedavg", mnist)
-    state_bytes = sum(t.numel() * t.element_size() for t in trainer.ctx.clients[0].model.state_dict().values())
+    state_bytes = sum(t.numel() * t.element_size() for t in trainer.clients[0].model.state_dict().values())
     rows = _comm(summary["run_id"])
     assert rows == sorted((r, k, d, "params", state_bytes, -1) for r in (1, 2) for k in range(3) for d in ("down", "up"))
     # the personalized reading is the round figure; the global model's is kept as a round metric
@@ -102,7 +102,7 @@ def test_fd_bytes_are_class_payloads(tiny_workspace, mnist):
 def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
     _, params, part = tiny_workspace
     trainer, summary = _run(params, part, algorithm, mnist, hetero=True)
-    blocks = [len(c.model.stages[0]) for c in trainer.ctx.clients]
+    blocks = [len(c.model.stages[0]) for c in trainer.clients]
     assert blocks == [1, 2, 3] and summary["setting"] == "hetero"
     assert 0 <= summary["maua"] <= 1
 

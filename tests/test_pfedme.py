@@ -25,7 +25,7 @@ def test_w_follows_theta_after_every_step(tiny_workspace, mnist, float64):
     _, params, part = tiny_workspace
     params = with_section(params, "train", momentum=0.0, weight_decay=0.0, fresh_optimizer=False)
     trainer = _trainer(params, part, mnist)
-    client = trainer.ctx.clients[0]
+    client = trainer.clients[0]
     glob = state_copy(client.model)
     local = PFedMeClient(params, part.num_classes)
     upload = SequentialExecutor.run_client(local, client, [Payload("params", glob)], 1)
@@ -34,7 +34,7 @@ def test_w_follows_theta_after_every_step(tiny_workspace, mnist, float64):
     from pipeline.federation.clients import batch_order
     from pipeline.federation.losses import ce_rows
 
-    theta = trainer.ctx.clients[1].model  # a scratch model of the same architecture
+    theta = trainer.clients[1].model  # a scratch model of the same architecture
     theta.load_state_dict(glob)
     w = {n: p.detach().clone() for n, p in theta.named_parameters()}
     lam, eta, lr = params.pfedme.lambda_, params.pfedme.eta, params.train.lr
@@ -61,13 +61,13 @@ def test_pfedme_learns_and_counts_full_models(learning_workspace, mnist):
     _, params, part = learning_workspace
     trainer = _trainer(params, part, mnist)
     summary = trainer.run()
-    model_bytes = sum(t.nbytes for t in trainer.ctx.clients[0].model.state_dict().values())
+    model_bytes = sum(t.nbytes for t in trainer.clients[0].model.state_dict().values())
     with duckdb.connect(str(paths.run_results("pfedme")), read_only=True) as con:
         rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ?",
                            [summary["run_id"]]).fetchall()
         accs = [a for (a,) in con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round",
                                           [summary["run_id"]]).fetchall()]
-    K = len(trainer.ctx.clients)
+    K = len(trainer.clients)
     assert sorted(rows) == sorted((r, k, d, "params", model_bytes) for r in range(1, 4) for k in range(K)
                                   for d in ("down", "up"))
     # learns (measured: 0.045 -> 0.334; the Moreau term with lambda 15 slows it against FedAvg's 0.448)

@@ -36,7 +36,7 @@ METHOD_PY = '''
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Method, Upload
+from pipeline.federation.contract import LocalUpdate, Method, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -62,6 +62,10 @@ class Toy(Method):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.counts = torch.zeros(ctx.num_classes, dtype=torch.int64)
+
+    def wire(self, k):
+        counts = Wire(8 * self.ctx.num_classes)
+        return {("up", "counts"): counts, ("down", "counts"): counts}
 
     def configure(self, round_, selected):
         return {k: [Payload("counts", {"counts": self.counts.clone()})] if self.counts.any() else []

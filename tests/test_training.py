@@ -143,12 +143,12 @@ def test_fresh_optimizer_starts_every_round_without_momentum(tiny_workspace, mni
                           RunResultsDB(paths.run_results(name)), [paths.PARTITION])
         trainer.start()
         trainer.run_round(1)
-        assert any(s for s in trainer.ctx.clients[0].optimizer.state.values())  # round 1 left momentum behind
+        assert any(s for s in trainer.clients[0].optimizer.state.values())  # round 1 left momentum behind
         if rebuild_by_hand:
-            for c in trainer.ctx.clients:
+            for c in trainer.clients:
                 c.new_optimizer()
         trainer.run_round(2)
-        return [t.detach().clone() for c in trainer.ctx.clients for t in c.model.state_dict().values()]
+        return [t.detach().clone() for c in trainer.clients for t in c.model.state_dict().values()]
 
     fresh = after_two_rounds(fresh=True, rebuild_by_hand=False)
     by_hand = after_two_rounds(fresh=False, rebuild_by_hand=True)
@@ -161,7 +161,7 @@ def test_a_client_without_test_samples_is_left_out_of_the_round_mean(tiny_worksp
     _, params, part = tiny_workspace
     trainer = Trainer(params, REGISTRY["local"], part, mnist, paths.run_dir("local"), paths.checkpoint_path("local"),
                       RunResultsDB(paths.run_results("local")), [paths.PARTITION])
-    empty = trainer.ctx.clients[0]
+    empty = trainer.clients[0]
     empty.x_test, empty.y_test = empty.x_test[:0], empty.y_test[:0]  # as a 0.33 % data share can leave a client
     summary = trainer.run()
     assert summary["maua"] == summary["maua"]  # not NaN

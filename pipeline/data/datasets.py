@@ -118,6 +118,11 @@ class ImageDataset:
     def channels(self) -> int:
         return 1 if self.train_x.ndim == 3 else int(self.train_x.shape[-1])
 
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One sample as a model sees it: (channels, height, width)."""
+        return self.channels, int(self.train_x.shape[1]), int(self.train_x.shape[2])
+
 
 # --------------------------------------------------------------------------- IDX
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.clients import Context
-from pipeline.federation.contract import Method
+from pipeline.federation.contract import Method, ServerContext, Wire, state_bytes
 from pipeline.federation.ledger import Payload
 
 
@@ -29,9 +28,14 @@ class ParameterAveraging(Method):
     sent to every selected client, replaced by the sample-weighted mean of what they upload."""
 
 
-    def __init__(self, ctx: Context, global_state: dict[str, torch.Tensor]):
+    def __init__(self, ctx: ServerContext, global_state: dict[str, torch.Tensor]):
         super().__init__(ctx)
         self.global_state = global_state
+
+    def wire(self, k):
+        """The global state down, the client's state of the same tensors up."""
+        state = state_bytes(self.global_state)
+        return {("down", "params"): Wire(state), ("up", "params"): Wire(state)}
 
     def configure(self, round_, selected):
         return {k: [Payload("params", dict(self.global_state))] for k in selected}

@@ -9,7 +9,6 @@ everything that would travel if the client trained elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +16,6 @@ import torch
 from torch import nn
 
 from models.resnet import HETERO_CYCLE, build_model
-from pipeline.federation.ledger import Ledger
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.seeds import torch_generator
@@ -64,15 +62,21 @@ def model_name(params: Params, client_id: int, hetero: bool) -> str:
     return HETERO_CYCLE[client_id % len(HETERO_CYCLE)] if hetero else params.train.model
 
 
+def initial_model(params: Params, k: int, hetero: bool, in_channels: int, num_classes: int,
+                  device: torch.device) -> nn.Module:
+    """Client k's initial model: the same weights in every method, whoever builds it (the global
+    random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch_generator(params.seed, "init", k).initial_seed()))
+        return build_model(model_name(params, k, hetero), in_channels, num_classes).to(device)
+
+
 def build_clients(params: Params, part: Partition, ds: ImageDataset, device: torch.device,
                   hetero: bool = False) -> list[Client]:
     clients = []
     t = params.train
     for k in range(part.num_clients):
-        with torch.random.fork_rng(devices=[]):
-            # the same client gets the same initial weights in every algorithm
-            torch.manual_seed(int(torch_generator(params.seed, "init", k).initial_seed()))
-            model = build_model(model_name(params, k, hetero), ds.channels, ds.num_classes).to(device)
+        model = initial_model(params, k, hetero, ds.channels, ds.num_classes, device)
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
         clients.append(Client(
@@ -113,22 +117,3 @@ def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_siz
         pred = model(x[start : start + batch_size]).argmax(dim=1)
         correct += int((pred == y[start : start + batch_size]).sum())
     return (correct / len(y) if len(y) else float("nan")), len(y)
-
-
-def evaluate(clients: list[Client], batch_size: int) -> list[tuple[int, float, int]]:
-    """(client, accuracy of its own model on its own test split, n_test) for every client."""
-    return [(c.id, *evaluate_model(c.model, c.x_test, c.y_test, batch_size)) for c in clients]
-
-
-@dataclass
-class Context:
-    """What a method's server half may use: the clients, params, the data layout and where to put files."""
-
-    params: Params
-    clients: list[Client]
-    ledger: Ledger
-    partition: Partition
-    device: torch.device
-    run_dir: Path
-    num_classes: int
-    hetero: bool = False

@@ -1,22 +1,28 @@
-"""The client/server contract every method implements (one module per method, one registry line).
+"""The client/server contract every method implements (one folder per method, pipeline/methods/<name>/).
 
 A method is two halves that talk only through payloads (pipeline/federation/ledger.py):
 
   server half (`Method`): turns the round-start state into one download per selected client
-      (`configure`) and folds the clients' uploads back into its state (`aggregate`);
+      (`configure`) and folds the clients' uploads back into its state (`aggregate`). It gets a
+      `ServerContext`: params, the data layout and a folder, never a client, model or optimizer.
+      What it learns about a client arrives as an upload (set-up, round or per-step);
   client half (`LocalUpdate`): a function of (client state, download, round) that trains the
       client locally and returns its upload, touching nothing shared. It is written as a
       per-step loss over *rows* (samples), so an executor (pipeline/train/executors.py) can run it
-      one client at a time or for many clients in one batched step.
+      one client at a time or for many clients in one batched step. Its other client tasks:
+      `prepare` (shape the client's model once), `setup` (the one-time round-0 upload) and
+      `evaluate` (the client's accuracies on its own test split), all run by the engine's executor.
 
 The engine owns the boundary: it records every payload in the byte ledger there, so a method
 never calls the ledger itself. FedCache's per-batch exchange (`live` / `step` consistency) is
 the one sanctioned exception to "download, train, upload": a per-step hook (`exchange`) the
 executor calls with the step's uploads; the engine's ledger counts those payloads as well.
+Evaluation inputs (`Method.evaluation`, e.g. FedAvg's global model) are a measurement of the
+simulation, not traffic of the method, so they are not counted.
 
-Each method declares itself once, here: its name (also its params.yaml section), whether it
-needs one architecture on every client, the input files its checkpoint fingerprint covers,
-and whether the vectorized executor can run it.
+Each method declares itself once, here: its name (also its params.yaml section), the input
+files its checkpoint fingerprint covers, and whether the vectorized executor can run it (its
+params class declares whether it needs one architecture on every client).
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
+from torch import nn
 
-from pipeline.federation.ledger import Payload
+from pipeline.data.partition import Partition
 from pipeline.errors import ConfigError
-from pipeline.federation.clients import Client, Context, evaluate
+from pipeline.federation.clients import Client, evaluate_model, initial_model
+from pipeline.federation.ledger import Payload
 
 if TYPE_CHECKING:
     from pipeline.config import Params
@@ -55,6 +63,71 @@ class Upload:
 
     payloads: list[Payload] = field(default_factory=list)
     kept: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One client's evaluation on its own test split: its size and named accuracies
+    ("acc": the client's own model; a method may add others, e.g. FedAvg's "global")."""
+
+    n: int
+    acc: dict[str, float]
+
+
+@dataclass
+class ServerContext:
+    """What a method's server half may use: params, the data layout, where to put files. No
+    clients, models or optimizers: the server learns about a client only from its uploads.
+
+    `partition` is the layout the simulation was built from: which sample ids (and labels) each
+    client holds, never the samples. FedCache's clients announce their ids and labels in their
+    set-up upload; FD's server sends a client the teachers of the classes it holds, which a
+    deployment would have the client announce (C bits, not counted)."""
+
+    params: Params
+    num_clients: int
+    num_classes: int
+    input_shape: tuple[int, int, int]  # one sample as a model sees it: (channels, height, width)
+    partition: Partition
+    device: torch.device
+    run_dir: Path
+    hetero: bool = False
+
+    @property
+    def in_channels(self) -> int:
+        return self.input_shape[0]
+
+    def client_sample_ids(self, k: int) -> torch.Tensor:
+        """The global ids of client k's training samples (what its uploads name samples by)."""
+        return torch.arange(int(self.partition.train_offsets[k]), int(self.partition.train_offsets[k + 1]))
+
+    def client_labels(self, k: int) -> torch.Tensor:
+        """The labels of client k's training samples."""
+        lo, hi = int(self.partition.train_offsets[k]), int(self.partition.train_offsets[k + 1])
+        return torch.from_numpy(self.partition.train_labels[lo:hi])
+
+    def initial_model(self, k: int = 0) -> nn.Module:
+        """A new copy of the model client k starts from (same seed stream): how a server
+        initialises a global model, or learns an architecture's sizes, without a client."""
+        return initial_model(self.params, k, self.hetero, self.in_channels, self.num_classes, self.device)
+
+
+@dataclass(frozen=True)
+class Wire:
+    """A method's declared size of one kind of payload in one round: `count` units of `unit` bytes
+    (exactly; or between 1 and `count` when not `exact`, e.g. FD's teachers exist only for the
+    classes another client holds). Arrays as they travel in float32 (the default dtype)."""
+
+    unit: int
+    count: int = 1
+    exact: bool = True
+
+
+def state_bytes(state: dict[str, torch.Tensor] | nn.Module) -> int:
+    """What a state_dict (or a module's) weighs on the wire: the nbytes of every tensor."""
+    if isinstance(state, nn.Module):
+        state = state.state_dict()
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 @dataclass
@@ -83,6 +156,14 @@ class LocalUpdate:
         self.params = params
         self.num_classes = num_classes
 
+    def prepare(self, client: Client) -> None:
+        """Once, when the client is built (a checkpoint is restored after it): shape its model
+        (FedAlt's multi-exit network, FedProto's adapter). Must be deterministic (seeded)."""
+
+    def setup(self, client: Client) -> Upload:
+        """Round 0: the client's one-time upload (FedCache's hash codes), counted as set-up traffic."""
+        return Upload()
+
     def phases(self, round_: int) -> list[Phase]:
         return [Phase()]
 
@@ -99,6 +180,11 @@ class LocalUpdate:
         """After local training: the upload. records[name] = (local sample indices, rows) in visit order."""
         return Upload()
 
+    def evaluate(self, client: Client, download: list[Payload]) -> Evaluation:
+        """The client's accuracies on its own test split; `download` is `Method.evaluation`'s."""
+        acc, n = evaluate_model(client.model, client.x_test, client.y_test, self.params.train.eval_batch_size)
+        return Evaluation(n, {"acc": acc})
+
 
 class Method:
     """The server half, plus the method's declaration."""
@@ -106,14 +192,13 @@ class Method:
     name = "base"  # its folder, pipeline/methods/<name>/, and its params.yaml section
     client_cls: type[LocalUpdate] = LocalUpdate
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         # homogeneous_only is declared by the method's params class (params.py), which the
         # params schema reads without importing method code
         if getattr(getattr(ctx.params, self.name, None), "homogeneous_only", False) and ctx.hetero:
             raise ConfigError(f"{self.name} averages model parameters, so it needs the same model on every client: "
                               "remove it from train.hetero_algorithms")
         self.ctx = ctx
-        self.client = self.client_cls(ctx.params, ctx.num_classes)
 
     # -- declaration -------------------------------------------------------------------
 
@@ -131,9 +216,14 @@ class Method:
 
     # -- server half ---------------------------------------------------------------------
 
-    def setup(self) -> dict[int, list[Payload]]:
-        """Round 0: one-time uploads per client (the engine records them as round-0 traffic)."""
+    def wire(self, k: int) -> dict[tuple[str, str], Wire]:
+        """The byte formula of everything client k sends ("up") or receives ("down") in a round, by
+        (direction, kind); for a payload between clients, k is the sender. The conformance suite
+        checks every row of the ledger against it. Default: nothing travels."""
         return {}
+
+    def setup(self, uploads: dict[int, Upload]) -> None:
+        """Round 0: take every client's one-time upload (`LocalUpdate.setup`; the engine counted it)."""
 
     def configure(self, round_: int, selected: list[int]) -> dict[int, list[Payload]]:
         """The download of every selected client, from the round-start state."""
@@ -149,10 +239,15 @@ class Method:
     def aggregate(self, round_: int, uploads: dict[int, Upload]) -> None:
         """Fold the selected clients' uploads into the server's state."""
 
-    def evaluate(self, round_: int) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
-        """Every client on its own test split: (client, acc, n_test) rows for the round figure,
-        plus named extra round metrics (e.g. another accuracy reading). Default: each client's model."""
-        return evaluate(self.ctx.clients, self.ctx.params.train.eval_batch_size), {}
+    def evaluation(self, round_: int) -> list[Payload]:
+        """What every client evaluates with besides its own model (e.g. FedAvg's global model)."""
+        return []
+
+    def report(self, round_: int, evaluations: dict[int, Evaluation]
+               ) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
+        """The round's figures from every client's evaluation: (client, acc, n_test) rows, plus named
+        extra round metrics (another accuracy reading, server-side diagnostics). Default: "acc"."""
+        return [(k, e.acc["acc"], e.n) for k, e in sorted(evaluations.items())], {}
 
     def end_round(self, round_: int) -> None:
         """After training and evaluation: persist what the method keeps at rest."""

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from models.server import build_server_model
-from pipeline.federation.contract import LocalUpdate, Method, Upload
-from pipeline.federation.clients import Client, Context
+from pipeline.federation.clients import Client
+from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 from pipeline.seeds import torch_generator
@@ -84,7 +84,7 @@ class GKTClient(LocalUpdate):
 class GKTServer(Method):
     """The server half: train A4^S on the round's uploads and keep its logits as the next download."""
 
-    def __init__(self, ctx: Context, server_model: str, epochs: int, batch_size: int | None):
+    def __init__(self, ctx: ServerContext, server_model: str, epochs: int, batch_size: int | None):
         super().__init__(ctx)
         t = ctx.params.train
         self.epochs = epochs
@@ -96,6 +96,15 @@ class GKTServer(Method):
                                          weight_decay=t.weight_decay)
         self.knowledge: dict[int, torch.Tensor] = {}  # client -> server logits of its training samples
         self.train_acc = float("nan")  # A4^S on the round's uploads, while it trained
+
+    def wire(self, k):
+        """Per training sample: up its stem features and logits (float32) and label (int64); down the
+        server's logits (float32)."""
+        n, C = len(self.ctx.client_sample_ids(k)), self.ctx.num_classes
+        with torch.no_grad():
+            features = self.ctx.initial_model(k).stem(torch.zeros(1, *self.ctx.input_shape, device=self.ctx.device))
+        return {("up", "features"): Wire(4 * features.numel() + 4 * C + 8, n),
+                ("down", "server_logits"): Wire(4 * C, n)}
 
     def server_kd_rows(self, out: torch.Tensor, client_logits: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
         """The per-row distillation term of A4^S's outputs toward the uploading clients' logits."""
@@ -133,8 +142,8 @@ class GKTServer(Method):
         for k in arrays:
             self.knowledge[k] = produced[owner == k].clone()
 
-    def evaluate(self, round_):
-        rows, _ = super().evaluate(round_)
+    def report(self, round_, evaluations):
+        rows, _ = super().report(round_, evaluations)
         return rows, {"server_train_acc": self.train_acc}
 
     def state_dict(self) -> dict:

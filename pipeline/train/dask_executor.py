@@ -2,8 +2,8 @@
 task on a Dask cluster, run through prefect-dask's DaskTaskRunner.
 
 Where things live:
-  - the server half (the Method: configure, aggregate, evaluation), the byte ledger, the results
-    file and the checkpoint stay in the flow's process; a worker gets only the client half (the
+  - the server half (the Method: configure, aggregate), the clients' evaluation, the byte ledger,
+    the results file and the checkpoint stay in the flow's process; a worker gets only the client half (the
     method's `LocalUpdate`, which holds the params), one client and its download;
   - client state travels with each task and back: the client (model, optimizer, `state`, its
     training data; not its test split) goes to whichever worker is free, and the trained
@@ -41,11 +41,11 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline.federation.contract import LocalUpdate, Method, Upload
+from pipeline.federation.contract import LocalUpdate, Upload
 from pipeline.federation.clients import Client
 from pipeline.federation.ledger import Payload
 from pipeline.errors import ConfigError
-from pipeline.train.executors import Exchange, SequentialExecutor
+from pipeline.train.executors import SequentialExecutor, StepHook, evaluate
 from pipeline.progress import BarFactory, no_bar
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -264,16 +264,16 @@ class DaskExecutor:
 
     # -- a round -------------------------------------------------------------------------
 
-    def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
-            exchange: Exchange) -> dict[int, Upload]:
-        local = method.client
+    def run(self, local: LocalUpdate, clients: list[Client], downloads: dict[int, list[Payload]], round_: int,
+            hook: StepHook) -> dict[int, Upload]:
         if local.uses_exchange:  # make_executor never builds this executor for such a method
-            raise RuntimeError(f"{method.name}: the per-step exchange hook cannot run on Dask workers")
+            raise RuntimeError(f"{type(local).__name__}: the per-step exchange hook cannot run on Dask workers")
         self.start()
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         start = time.perf_counter()
-        clients = {k: method.ctx.clients[k] for k in selected}
+        selected = [c.id for c in clients]
+        clients = {c.id: c for c in clients}
         # longest first (submission order is the order workers take them): the workers end together
         order = sorted(selected, key=lambda k: -self._cost(clients[k]))
         dtype = torch.get_default_dtype()
@@ -309,3 +309,5 @@ class DaskExecutor:
             self._seconds[k] = r.seconds
         self.last_round = {"wall_s": time.perf_counter() - start, "clients": stats}
         return {k: results[k].upload for k in selected}
+
+    evaluate = staticmethod(evaluate)  # in the flow's process, where the clients' test splits are

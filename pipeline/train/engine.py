@@ -1,18 +1,23 @@
 """The round loop shared by every method.
 
-One round, top to bottom (Trainer.run_round):
+`Simulation` is the federation itself, with no files: the clients, the method's client half and
+server half, the byte ledger and the executor. `Trainer` runs it: resume or start, the rounds,
+the results file and the checkpoint.
+
+One round, top to bottom (Simulation.run_round, then Trainer._finish_round):
   1. pick the participating clients (seeded, `train.participation`);
   2. the method's server half makes each selected client's download (`configure`);
   3. the executor runs the client halves (local training) and collects their uploads (each
      selected client gets a fresh SGD optimizer first when `train.fresh_optimizer` is on);
   4. the server half folds the uploads into its state (`aggregate`);
-  5. every `eval_every` rounds, evaluate *all* clients on their own test split;
+  5. every `eval_every` rounds, evaluate *all* clients on their own test split (a client task
+     the executor runs; the server half turns the clients' accuracies into the round's figures);
   6. write the round to the run's results file (one transaction) and checkpoint it atomically.
 The engine records every payload that crosses steps 2-4 (and the per-step exchange hook) in the
 byte ledger, so no method counts its own bytes.
 
-Round 0 is set-up: one-time traffic (FedCache's hash upload) and an evaluation of the
-initial models. Client state (model, optimizer) persists across rounds. Randomness comes
+Round 0 is set-up: the clients' one-time uploads (FedCache's hash codes) and an evaluation of
+the initial models. Client state (model, optimizer) persists across rounds. Randomness comes
 from named seed streams keyed by (round, client), so a resumed run draws exactly what an
 uninterrupted one would, whichever executor runs it.
 """
@@ -33,14 +38,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline.train import checkpoint
-from pipeline.federation.clients import Context, build_clients
-from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.data.datasets import ImageDataset
-from pipeline.devices import resolve_device
-from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
 from pipeline.data.partition import Partition
+from pipeline.devices import resolve_device
+from pipeline.federation.clients import Client, build_clients
+from pipeline.federation.contract import LocalUpdate, Method, ServerContext
+from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.seeds import rng
+from pipeline.train import checkpoint
+from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
 
 if TYPE_CHECKING:  # the training core runs without the service libraries (bench/gpu_check.sh)
     from pipeline.config import Params
@@ -85,51 +91,82 @@ def fingerprint(params: Params, algorithm: str, files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def run_round(method, executor, round_: int, selected: list[int], timer: Timer | None = None) -> None:
-    """One round of training, top to bottom: downloads, local updates, uploads, aggregation.
-    Every payload that crosses the client/server boundary is counted here, and only here."""
-    timer = timer or Timer()
-    ledger = method.ctx.ledger
+class Simulation:
+    """The federation, in memory: the clients, the method's two halves, the byte ledger, the executor.
 
-    def record_download(client: int, payload: Payload) -> None:
-        if payload.sender is None:
-            ledger.record(round_, client, DOWN, payload)
-        else:  # from another client over a directed edge: counted once, on the sender's side
-            ledger.record(round_, payload.sender, UP, payload, peer=client)
+    The engine owns the boundary between the halves: every payload that crosses it (set-up,
+    downloads, the per-step hook, uploads) is counted in the ledger here, and only here."""
 
-    def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
-        """The per-step hook: count the step's uploads, ask the server half, count its answers."""
+    def __init__(self, method_cls: type[Method], clients: list[Client], ctx: ServerContext, executor,
+                 local: LocalUpdate | None = None):
+        self.clients = clients
+        self.local = local if local is not None else method_cls.client_cls(ctx.params, ctx.num_classes)
+        self.server = method_cls(ctx)  # a method's ConfigError comes before any client work
+        for client in clients:
+            self.local.prepare(client)
+        self.executor = executor
+        self.ledger = Ledger()
+        self.fresh_optimizer = ctx.params.train.fresh_optimizer
+
+    def setup(self) -> None:
+        """Round 0: every client's one-time upload, counted as set-up traffic, to the server half."""
+        uploads = {c.id: self.local.setup(c) for c in self.clients}
+        for k, upload in uploads.items():
+            for p in upload.payloads:
+                self.ledger.record(SETUP_ROUND, k, UP, p)
+        self.server.setup(uploads)
+
+    def run_round(self, round_: int, selected: list[int], timer: Timer | None = None) -> None:
+        """One round of training, top to bottom: downloads, local updates, uploads, aggregation."""
+        timer = timer or Timer()
+        ledger, server = self.ledger, self.server
+
+        def record_download(client: int, payload: Payload) -> None:
+            if payload.sender is None:
+                ledger.record(round_, client, DOWN, payload)
+            else:  # from another client over a directed edge: counted once, on the sender's side
+                ledger.record(round_, payload.sender, UP, payload, peer=client)
+
+        def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
+            """The per-step hook: count the step's uploads, ask the server half, count its answers."""
+            with timer("exchange"):
+                for k, p in uploads.items():
+                    ledger.record(round_, k, UP, p)
+                downloads = server.exchange(round_, uploads)
+                for k, p in downloads.items():
+                    record_download(k, p)
+                return downloads
+
         with timer("exchange"):
-            for k, p in uploads.items():
-                ledger.record(round_, k, UP, p)
-            downloads = method.exchange(round_, uploads)
-            for k, p in downloads.items():
-                record_download(k, p)
-            return downloads
+            downloads = server.configure(round_, selected)
+            for k in selected:
+                for p in downloads[k]:
+                    record_download(k, p)
+        if self.fresh_optimizer:  # the official FedCache code builds a new SGD every round
+            for k in selected:
+                self.clients[k].new_optimizer()
+        uploads = self.executor.run(self.local, [self.clients[k] for k in selected], downloads, round_,
+                                    StepHook(exchange, server.end_step))
+        with timer("exchange"):
+            for k in selected:
+                for p in uploads[k].payloads:
+                    ledger.record(round_, k, UP, p)
+            server.aggregate(round_, uploads)
 
-    with timer("exchange"):
-        downloads = method.configure(round_, selected)
-        for k in selected:
-            for p in downloads[k]:
-                record_download(k, p)
-    if method.ctx.params.train.fresh_optimizer:  # the official FedCache code builds a new SGD every round
-        for k in selected:
-            method.ctx.clients[k].new_optimizer()
-    uploads = executor.run(method, round_, selected, downloads, exchange)
-    with timer("exchange"):
-        for k in selected:
-            for p in uploads[k].payloads:
-                ledger.record(round_, k, UP, p)
-        method.aggregate(round_, uploads)
+    def evaluate(self, round_: int) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
+        """Every client on its own test split (a client task, run by the executor); the server half
+        makes the round's (client, acc, n_test) rows and extra metrics of them."""
+        evaluations = self.executor.evaluate(self.local, self.clients, self.server.evaluation(round_))
+        return self.server.report(round_, evaluations)
 
 
-def make_executor(params: Params, method_cls):
+def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate):
     """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
-    vectorized, or its client half calls the per-step exchange hook, which cannot run on a Dask worker."""
+    vectorized, or its client half (`local`) calls the per-step exchange hook, which cannot run on a Dask worker."""
     if params.train.executor == "sequential":
         return SequentialExecutor()
     if params.train.executor == "dask":
-        if method_cls.client_cls(params, 0).uses_exchange:  # the client half as the method builds it
+        if local.uses_exchange:
             print(f"{method_cls.name}: runs on the sequential executor in the flow's process, not on Dask (its client "
                   "half calls the per-step exchange hook, as fedcache.consistency live does, which needs the server "
                   "half at every step; fedcache.consistency round runs on Dask)", flush=True)
@@ -149,8 +186,9 @@ class Trainer:
                  checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False,
                  run_info: RunInfo = RunInfo()):
         self.run_info = run_info
-        self.executor = make_executor(params, algorithm_cls)
-        torch.set_num_threads(params.train.threads or self.executor.threads)
+        local = algorithm_cls.client_cls(params, ds.num_classes)
+        executor = make_executor(params, algorithm_cls, local)
+        torch.set_num_threads(params.train.threads or executor.threads)
         self.params = params
         self.device = resolve_device(params.device)
         self.results = results
@@ -159,15 +197,36 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.hetero = hetero
         self.setting = "hetero" if hetero else "homo"
-        self.ctx = Context(params, build_clients(params, part, ds, self.device, hetero), Ledger(), part, self.device,
-                           run_dir, ds.num_classes, hetero)
+        ctx = ServerContext(params, part.num_clients, ds.num_classes, ds.input_shape, part, self.device, run_dir,
+                            hetero)
+        self.sim = Simulation(algorithm_cls, build_clients(params, part, ds, self.device, hetero), ctx, executor, local)
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
-        self.algorithm = algorithm_cls(self.ctx)
         inputs = algorithm_cls.inputs() if input_files is None else input_files
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
+
+    @property
+    def clients(self) -> list[Client]:
+        return self.sim.clients
+
+    @property
+    def executor(self):
+        return self.sim.executor
+
+    @executor.setter
+    def executor(self, executor) -> None:
+        self.sim.executor = executor
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.sim.ledger
+
+    @property
+    def algorithm(self) -> Method:
+        """The method's server half."""
+        return self.sim.server
 
     # -- the loop --------------------------------------------------------------------
 
@@ -191,9 +250,7 @@ class Trainer:
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):
-            for k, payloads in self.algorithm.setup().items():  # one-time traffic, counted as round 0
-                for p in payloads:
-                    self.ctx.ledger.record(SETUP_ROUND, k, UP, p)
+            self.sim.setup()  # one-time traffic, counted as round 0
         self._finish_round(SETUP_ROUND, start)
         return 1
 
@@ -202,7 +259,7 @@ class Trainer:
         self.timer.reset()
         with self.timer("select"):
             selected = self.select_clients(round_)
-        run_round(self.algorithm, self.executor, round_, selected, self.timer)
+        self.sim.run_round(round_, selected, self.timer)
         self._finish_round(round_, start)
 
     def finish(self) -> dict:
@@ -237,7 +294,7 @@ class Trainer:
     # -- parts -----------------------------------------------------------------------
 
     def select_clients(self, round_: int) -> list[int]:
-        K = len(self.ctx.clients)
+        K = len(self.clients)
         m = max(1, round(self.params.train.participation * K))
         if m == K:
             return list(range(K))
@@ -250,13 +307,13 @@ class Trainer:
         extras: dict[str, float] = {}
         if round_ % t.eval_every == 0 or round_ == t.rounds:
             with timer("eval"):
-                rows, extras = self.algorithm.evaluate(round_)
+                rows, extras = self.sim.evaluate(round_)
         # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
         tested = [a for _, a, n in rows if n > 0]
         mean_acc = float(np.mean(tested)) if tested else None
         with timer("db"):
             self.algorithm.end_round(round_)
-            ledger = self.ctx.ledger
+            ledger = self.ledger
             self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
                                      time.perf_counter() - start, rows, ledger.rows(round_), extras)
         self.history.append((round_, mean_acc))
@@ -273,27 +330,27 @@ class Trainer:
             "run_id": self.run_id,
             "round": round_,
             "clients": [{"model": c.model.state_dict(), "optimizer": c.optimizer.state_dict(), "state": dict(c.state)}
-                        for c in self.ctx.clients],
+                        for c in self.clients],
             "algorithm": self.algorithm.state_dict(),
-            "ledger": self.ctx.ledger.state_dict(),
+            "ledger": self.ledger.state_dict(),
             "history": list(self.history),
             "torch_rng": torch.get_rng_state(),
         }
 
     def _restore(self, state: dict) -> None:
         self.run_id = state["run_id"]
-        for c, s in zip(self.ctx.clients, state["clients"]):
+        for c, s in zip(self.clients, state["clients"]):
             c.model.load_state_dict(s["model"])
             c.optimizer.load_state_dict(s["optimizer"])
             c.state = dict(s["state"])
         self.algorithm.load_state_dict(state["algorithm"])
-        self.ctx.ledger.load_state_dict(state["ledger"])
+        self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         torch.set_rng_state(state["torch_rng"])
 
     def summary(self) -> dict:
         evaluated = [(r, a) for r, a in self.history if a is not None]
-        ledger = self.ctx.ledger
+        ledger = self.ledger
         return {
             "run_id": self.run_id,
             "algorithm": self.algorithm.name,

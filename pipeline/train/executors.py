@@ -14,8 +14,13 @@ thing; they differ only in how the arithmetic is batched.
   dask         each selected client's `run_client` as a Prefect task on a Dask cluster
                (pipeline/train/dask_executor.py, imported only when asked for).
 
-The per-step exchange hook (FedCache `live` / `step`) goes through `exchange`, a callable the
-engine supplies: it records the payloads in the ledger and asks the method's server half.
+An executor gets the client half, the clients and the per-step hook, never the server half. The
+per-step hook (FedCache `live` / `step`) is a `StepHook` the engine supplies: its `exchange`
+records the step's payloads in the ledger and asks the server half, its `end_step` tells the
+server half that every client took the step.
+
+Evaluation is a client task too (`LocalUpdate.evaluate`): `evaluate` runs it for every client,
+one after another, in every executor (in the flow's process for dask, where the test splits are).
 """
 
 from __future__ import annotations
@@ -23,17 +28,31 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Method, Phase, Step, Upload
+from pipeline.federation.contract import Evaluation, LocalUpdate, Phase, Step, Upload
 from pipeline.federation.clients import Client, batch_order
 from pipeline.federation.ledger import Payload
 from pipeline.progress import BarFactory, no_bar
 
 Exchange = Callable[[int, dict[int, Payload]], dict[int, Payload]]
 Records = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class StepHook:
+    """The server half's per-step hook as an executor sees it (the engine wraps it to count bytes)."""
+
+    exchange: Exchange
+    end_step: Callable[[], None]
+
+
+def evaluate(local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
+    """Every client's evaluation (a client task), one client after another."""
+    return {c.id: local.evaluate(c, download) for c in clients}
 
 
 @contextmanager
@@ -58,15 +77,17 @@ class SequentialExecutor:
     threads = 1  # default torch threads: at batch 8 a second thread slows one small model down
     bars: BarFactory = staticmethod(no_bar)  # a bar over the round's clients (the engine's caller sets one)
 
-    def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
-            exchange: Exchange) -> dict[int, Upload]:
+    def run(self, local: LocalUpdate, clients: list[Client], downloads: dict[int, list[Payload]], round_: int,
+            hook: StepHook) -> dict[int, Upload]:
         uploads = {}
-        with self.bars(len(selected), "client") as progress:
-            for k in selected:
-                uploads[k] = self.run_client(method.client, method.ctx.clients[k], downloads[k], round_, exchange,
-                                             method.end_step)
+        with self.bars(len(clients), "client") as progress:
+            for client in clients:
+                uploads[client.id] = self.run_client(local, client, downloads[client.id], round_, hook.exchange,
+                                                     hook.end_step)
                 progress.update(1)
         return uploads
+
+    evaluate = staticmethod(evaluate)
 
     @staticmethod
     def run_client(local: LocalUpdate, client: Client, download: list[Payload], round_: int,
@@ -235,16 +256,16 @@ class VectorizedExecutor:
             out += [members[i:i + self.group_size] for i in range(0, len(members), self.group_size)]
         return out
 
-    def run(self, method: Method, round_: int, selected: list[int], downloads: dict[int, list[Payload]],
-            exchange: Exchange) -> dict[int, Upload]:
+    def run(self, local: LocalUpdate, clients: list[Client], downloads: dict[int, list[Payload]], round_: int,
+            hook: StepHook) -> dict[int, Upload]:
         from pipeline.train.grouped import supports
 
-        local = method.client
-        clients = [method.ctx.clients[k] for k in selected]
+        selected = [c.id for c in clients]
+        exchange = hook.exchange
         # a model the grouped network cannot express (a custom architecture) trains on its own
         alone = {c.id for c in clients if supports(c.model) is not None}
         finished_alone = {c.id: SequentialExecutor.run_client(local, c, downloads[c.id], round_, exchange,
-                                                              method.end_step)
+                                                              hook.end_step)
                           for c in clients if c.id in alone}
         clients = [c for c in clients if c.id not in alone]
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}
@@ -261,8 +282,10 @@ class VectorizedExecutor:
                     for s in range(steps):
                         for run in runs:
                             run.step(s)
-                        method.end_step()
+                        hook.end_step()
                 for run in runs:
                     finished.update(run.finish())
                     progress.update(len(run.clients))
         return {k: finished_alone[k] if k in alone else local.end(*finished[k], round_) for k in selected}
+
+    evaluate = staticmethod(evaluate)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Method, Upload
-from pipeline.federation.clients import Client, Context
+from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_ce_rows
 
@@ -28,10 +27,10 @@ def leave_one_out(sums: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
     return total / count.unsqueeze(-1)  # 0/0 -> NaN: no other client holds the class
 
 
-def client_classes(client: Client, num_classes: int) -> torch.Tensor:
-    """[C] bool: the classes present in a client's training data."""
+def classes_held(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """[C] bool: the classes present among a client's training labels."""
     held = torch.zeros(num_classes, dtype=torch.bool)
-    held[client.y_train.cpu().unique()] = True
+    held[labels.cpu().unique()] = True
     return held
 
 
@@ -64,13 +63,18 @@ class FD(Method):
     name = "fd"
     client_cls = FDClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
-        K, C = len(ctx.clients), ctx.num_classes
+        K, C = ctx.num_clients, ctx.num_classes
         # the server's view: each client's latest per-class mean logits, and the classes each client has
+        # (which a client announces; read from the data layout, so it holds before a client's first upload)
         self.means = torch.zeros(K, C, C, dtype=torch.float32)
         self.held = torch.zeros(K, C, dtype=torch.bool)
-        self.classes = [client_classes(c, C) for c in ctx.clients]
+        self.classes = [classes_held(ctx.client_labels(k), C) for k in range(K)]
+
+    def wire(self, k):
+        per_class, held = 8 + 4 * self.ctx.num_classes, int(self.classes[k].sum())
+        return {("up", "class_logits"): Wire(per_class, held), ("down", "class_logits"): Wire(per_class, held, False)}
 
     def configure(self, round_, selected):
         teachers = leave_one_out(self.means, self.held)  # from uploads as of round start

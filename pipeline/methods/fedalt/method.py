@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
-from pipeline.federation.contract import LocalUpdate, Method, Phase, Upload
 from pipeline.federation.averaging import weighted_average
-from pipeline.federation.clients import Context, evaluate_model
+from pipeline.federation.clients import evaluate_model
+from pipeline.federation.contract import (Evaluation, LocalUpdate, Method, Phase, ServerContext, Upload, Wire,
+                                          state_bytes)
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
@@ -126,6 +127,13 @@ def fedalt_loss_rows(outputs: list[torch.Tensor], y: torch.Tensor, lam: float, T
     return rows
 
 
+def initial_multiexit(seed: int, in_channels: int, num_classes: int) -> torch.nn.Module:
+    """The one initial model every client and the server start from (seeded like client 0's model)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch_generator(seed, "init", 0).initial_seed()))
+        return build_multiexit(in_channels, num_classes)
+
+
 @dataclass(frozen=True)
 class DistillPhase(Phase):
     """FedAlt's one training pass, carrying the round's distillation weight to `loss`."""
@@ -137,6 +145,12 @@ class FedAltClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.cfg = params.fedalt
+
+    def prepare(self, client):
+        """Every client starts from the one global model (the multi-exit network replaces its ResNet)."""
+        client.model = initial_multiexit(self.params.seed, client.x_train.shape[1], self.num_classes).to(
+            client.x_train.device)
+        client.new_optimizer()
 
     def phases(self, round_):
         return [DistillPhase(lam=distill_weight(self.cfg, round_))]
@@ -163,24 +177,42 @@ class FedAltClient(LocalUpdate):
         return Upload([Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
                        for b in range(1, NUM_BLOCKS + 1)], {"weight": float(client.num_train)})
 
+    @torch.inference_mode()
+    def evaluate(self, client, download):
+        """Every exit's accuracy ("acc": the final exit, what model(x) returns), and the global
+        model's (the evaluation download) as "global"."""
+        bs = self.params.train.eval_batch_size
+        client.model.eval()
+        correct = torch.zeros(NUM_BLOCKS, dtype=torch.long, device=client.y_test.device)
+        for start in range(0, len(client.y_test), bs):
+            y = client.y_test[start : start + bs]
+            outs = client.model.forward_all(client.x_test[start : start + bs])
+            correct += torch.stack([(o.argmax(dim=1) == y).sum() for o in outs])
+        n = len(client.y_test)
+        accs = (correct.cpu().double() / n).tolist() if n else [float("nan")] * NUM_BLOCKS
+        readings = {f"exit{i + 1}": a for i, a in enumerate(accs)}
+        (global_state,) = download
+        with torch.inference_mode(False), torch.no_grad():  # normal tensors: the copy loads outside inference mode
+            model = copy.deepcopy(client.model)
+            model.load_state_dict(global_state.arrays)
+        readings["global"] = evaluate_model(model, client.x_test, client.y_test, bs)[0]
+        return Evaluation(n, {"acc": accs[-1], **readings})
+
 
 class FedAlt(Method):
     name = "fedalt"
     client_cls = FedAltClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
-        p = ctx.params
-        self.cfg = p.fedalt
-        in_channels = ctx.clients[0].x_train.shape[1]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch_generator(p.seed, "init", 0).initial_seed()))
-            model = build_multiexit(in_channels, ctx.num_classes)
+        self.cfg = ctx.params.fedalt
+        model = initial_multiexit(ctx.params.seed, ctx.in_channels, ctx.num_classes)
         self.global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        self.global_model = None  # built lazily for the acc_global reading
-        for client in ctx.clients:  # every client starts from the one global model
-            client.model = copy.deepcopy(model).to(ctx.device)
-            client.new_optimizer()
+
+    def wire(self, k):
+        """Each block, whole, as its own kind: the first m_k of them down, all of them up."""
+        sizes = [state_bytes(block_state(self.global_state, b)) for b in range(1, NUM_BLOCKS + 1)]
+        return {(direction, f"block{b}"): Wire(size) for b, size in enumerate(sizes, 1) for direction in ("down", "up")}
 
     def blocks_sent(self, round_: int, client: int) -> int:
         return blocks_sent(self.cfg, self.ctx.params.seed, round_, client)
@@ -196,37 +228,15 @@ class FedAlt(Method):
             ({int(p.kind.removeprefix("block")): p.arrays for p in up.payloads}, up.kept["weight"])
             for up in uploads.values()])
 
-    def _global_model(self) -> torch.nn.Module:
-        """The global model (one module, reloaded from global_state); normal tensors even when
-        called under inference mode, so it can be reloaded outside it."""
-        with torch.inference_mode(False), torch.no_grad():
-            if self.global_model is None:
-                self.global_model = copy.deepcopy(self.ctx.clients[0].model)
-            self.global_model.load_state_dict(self.global_state)
-        return self.global_model
+    def evaluation(self, round_):
+        return [Payload("global", self.global_state)]
 
-    @torch.inference_mode()
-    def evaluate(self, round_: int):
-        """Rows from the final exit (what model(x) returns); per-exit mean accuracies and the
-        global model's mean accuracy on the clients' test splits as extras."""
-        bs = self.ctx.params.train.eval_batch_size
-        rows, per_exit = [], [[] for _ in range(NUM_BLOCKS)]
-        for c in self.ctx.clients:
-            c.model.eval()
-            correct = torch.zeros(NUM_BLOCKS, dtype=torch.long, device=c.y_test.device)
-            for start in range(0, len(c.y_test), bs):
-                y = c.y_test[start : start + bs]
-                outs = c.model.forward_all(c.x_test[start : start + bs])
-                correct += torch.stack([(o.argmax(dim=1) == y).sum() for o in outs])
-            n = len(c.y_test)
-            accs = (correct.cpu().double() / n).tolist() if n else [float("nan")] * NUM_BLOCKS
-            rows.append((c.id, accs[-1], n))
-            for i, a in enumerate(accs):
-                per_exit[i].append(a)
-        extras = {f"acc_exit{i + 1}": sum(a) / len(a) for i, a in enumerate(per_exit)}
-        model = self._global_model()
-        glob = [evaluate_model(model, c.x_test, c.y_test, bs)[0] for c in self.ctx.clients]
-        extras["acc_global"] = sum(glob) / len(glob)
+    def report(self, round_, evaluations):
+        """Rows from the final exit; per-exit mean accuracies and the global model's as extras."""
+        rows = [(k, e.acc["acc"], e.n) for k, e in sorted(evaluations.items())]
+        mean = lambda name: sum(e.acc[name] for _, e in sorted(evaluations.items())) / len(evaluations)  # noqa: E731
+        extras = {f"acc_exit{i + 1}": mean(f"exit{i + 1}") for i in range(NUM_BLOCKS)}
+        extras["acc_global"] = mean("global")
         return rows, extras
 
     def state_dict(self) -> dict:

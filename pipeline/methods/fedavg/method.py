@@ -20,8 +20,8 @@ import copy
 import torch
 
 from pipeline.federation.averaging import ParameterAveraging, state_copy
-from pipeline.federation.contract import LocalUpdate, Upload
-from pipeline.federation.clients import Context, evaluate_model
+from pipeline.federation.clients import evaluate_model
+from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -39,29 +39,34 @@ class FedAvgClient(LocalUpdate):
     def end(self, client, targets, records, round_):
         return Upload([Payload("params", state_copy(client.model))], {"weight": float(client.num_train)})
 
+    def evaluate(self, client, download):
+        """Both readings: the client's own model, and the global model (the evaluation download)."""
+        bs = self.params.train.eval_batch_size
+        personalized, n = evaluate_model(client.model, client.x_test, client.y_test, bs)
+        (global_params,) = download
+        with torch.no_grad():
+            model = copy.deepcopy(client.model)
+            model.load_state_dict(global_params.arrays)
+        return Evaluation(n, {"personalized": personalized,
+                              "global": evaluate_model(model, client.x_test, client.y_test, bs)[0]})
+
 
 class FedAvg(ParameterAveraging):
     name = "fedavg"
     client_cls = FedAvgClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         # the global model starts as client 0's initial weights
-        super().__init__(ctx, state_copy(ctx.clients[0].model))
+        super().__init__(ctx, state_copy(ctx.initial_model(0)))
         self.eval_model = ctx.params.fedavg.eval_model
-        self.global_model = None  # built lazily for the `global` reading
 
-    def evaluate(self, round_: int):
-        personalized = super().evaluate(round_)[0]
-        model = self._global_model()
-        global_rows = [(c.id, *evaluate_model(model, c.x_test, c.y_test, self.ctx.params.train.eval_batch_size))
-                       for c in self.ctx.clients]
+    def evaluation(self, round_):
+        return [Payload("params", self.global_state)]
+
+    def report(self, round_, evaluations):
+        rows = {name: [(k, e.acc[name], e.n) for k, e in sorted(evaluations.items())]
+                for name in ("personalized", "global")}
         mean = lambda rows: sum(a for _, a, _ in rows) / len(rows)  # noqa: E731
         if self.eval_model == "personalized":
-            return personalized, {"acc_global": mean(global_rows)}
-        return global_rows, {"acc_personalized": mean(personalized)}
-
-    def _global_model(self):
-        if self.global_model is None:
-            self.global_model = copy.deepcopy(self.ctx.clients[0].model)
-        self.global_model.load_state_dict(self.global_state)
-        return self.global_model
+            return rows["personalized"], {"acc_global": mean(rows["global"])}
+        return rows["global"], {"acc_personalized": mean(rows["personalized"])}

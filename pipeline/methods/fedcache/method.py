@@ -1,7 +1,8 @@
 """FedCache: sample-level knowledge from a server-side cache of neighbours' logits.
 
-Set-up (round 0): each client uploads (sample ids, labels, hash codes) once; the server
-already holds the relation table built by the index stage (data/cache/cache.db).
+Set-up (round 0): each client uploads (sample ids, labels, hash codes) once, its rows of the
+encode stage's output; the server already holds the relation table the index stage built from
+them (data/cache/cache.db).
 
 Each round, each selected client trains one local epoch on
     CE(student, y) + beta * T^2 * KL(softmax(teacher/T) || softmax(student/T)),
@@ -28,11 +29,11 @@ import numpy as np
 import torch
 
 from pipeline import paths
-from pipeline.federation.contract import LocalUpdate, Method, Upload
+from pipeline.errors import InputFileError
+from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
+from pipeline.federation.ledger import Payload
 from pipeline.index.hashes import load_hashes
 from pipeline.methods.fedcache.knowledge import KnowledgeCache
-from pipeline.federation.clients import Context
-from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
 
 
@@ -41,6 +42,16 @@ class FedCacheClient(LocalUpdate):
         super().__init__(params, num_classes)
         self.p = params.fedcache
         self.uses_exchange = self.p.consistency != "round"
+
+    def setup(self, client):
+        """The hash codes of the client's samples (its rows of the encode stage's output), once."""
+        codes = load_hashes(paths.HASHES, None)
+        ids = client.ids.numpy()
+        if len(ids) and ids.max() >= len(codes):
+            raise InputFileError(f"{paths.HASHES} holds {len(codes)} codes, but client {client.id} holds sample id "
+                                 f"{ids.max()}: rebuild it for this partition (.venv/bin/dvc repro encode)")
+        return Upload([Payload("hashes", {"sample_ids": ids, "labels": client.y_train.cpu().numpy(),
+                                          "codes": codes[ids]})])
 
     def begin(self, client, download, round_):
         if self.p.consistency != "round":
@@ -73,7 +84,7 @@ class FedCache(Method):
     name = "fedcache"
     client_cls = FedCacheClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         self.p = ctx.params.fedcache
         relations = self.load_relations()  # the server's IR map
@@ -112,20 +123,19 @@ class FedCache(Method):
                     "which is inherently one client after another; step or round consistency can be vectorized")
         return None
 
-    def setup(self):
-        codes = load_hashes(paths.HASHES, self.ctx.partition.num_train)
-        labels = self.ctx.partition.train_labels
-        uploads = {}
-        for client in self.ctx.clients:
-            ids = client.ids.numpy()
-            uploads[client.id] = [Payload("hashes", {"sample_ids": ids, "labels": labels[ids], "codes": codes[ids]})]
-        return uploads
+    def wire(self, k):
+        n, C = len(self.ctx.client_sample_ids(k)), self.ctx.num_classes
+        codes = np.load(paths.HASHES, mmap_mode="r")  # a row of the encode stage's codes: d values of s bytes
+        visits = n if self.p.consistency == "round" else n * self.ctx.params.train.local_epochs
+        return {("up", "hashes"): Wire(8 + 8 + codes.shape[1] * codes.dtype.itemsize, n),
+                ("up", "logits"): Wire(8 + 4 * C, visits), ("down", "knowledge"): Wire(4 * C, visits)}
 
     def configure(self, round_, selected):
         self.cache.begin_round()
         if self.p.consistency != "round":
             return {k: [] for k in selected}
-        return {k: [Payload("knowledge", {"teacher": self.cache.fetch(self.ctx.clients[k].ids)})] for k in selected}
+        return {k: [Payload("knowledge", {"teacher": self.cache.fetch(self.ctx.client_sample_ids(k))})]
+                for k in selected}
 
     def exchange(self, round_, uploads):
         downloads = {}

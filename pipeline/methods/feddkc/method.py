@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.methods.gkt import GKTClient, GKTServer
-from pipeline.federation.clients import Context
+from pipeline.federation.contract import ServerContext
 from pipeline.errors import ConfigError
 from pipeline.federation.losses import kd_rows, soft_kd_rows
 
@@ -53,7 +53,7 @@ class FedDKC(GKTServer):
     name = "feddkc"
     client_cls = FedDKCClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         p = ctx.params.feddkc
         if p.T <= 1 / ctx.num_classes:
             raise ConfigError(f"feddkc.T = {p.T}: KKR's peak probability must exceed 1/C = "

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.methods.gkt import GKTClient, GKTServer, label_distribution
-from pipeline.federation.clients import Context
+from pipeline.federation.contract import ServerContext
 from pipeline.federation.losses import kd_rows, teacher_weight
 
 
@@ -50,11 +50,11 @@ class FedICT(GKTServer):
     name = "fedict"
     client_cls = FedICTClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         p = ctx.params.fedict
         super().__init__(ctx, p.server_model, p.server_epochs, p.server_batch_size)
         self.p = p
-        self.similarity = torch.zeros(len(ctx.clients))  # cos(d_k, d) of the round's uploads
+        self.similarity = torch.zeros(ctx.num_clients)  # cos(d_k, d) of the round's uploads
 
     def begin_aggregate(self, uploads):
         C = self.ctx.num_classes

@@ -61,8 +61,7 @@ import math
 import torch
 from torch import nn
 
-from pipeline.federation.contract import LocalUpdate, Method, Upload
-from pipeline.federation.clients import Context
+from pipeline.federation.contract import Evaluation, LocalUpdate, Method, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.errors import ConfigError
 from pipeline.federation.losses import ce_rows
@@ -199,6 +198,17 @@ class FedProtoClient(LocalUpdate):
         super().__init__(params, num_classes)
         self.p = params.fedproto
 
+    def setup(self, client):
+        """Announce the client's feature size (the prototype size without `align`; one integer, not counted)."""
+        return Upload(kept={"feature_dim": feature_dim(client.model)})
+
+    def prepare(self, client):
+        """With `align`, the client's adapter joins its model (trained by its optimizer, never sent)."""
+        if self.p.align:
+            client.model.adapter = make_adapter(feature_dim(client.model), self.p.align_dim, self.params.seed).to(
+                client.x_train.device)
+            client.new_optimizer()
+
     def begin(self, client, download, round_):
         dim = prototype_dim(self.p, client.model)
         table = torch.zeros(self.num_classes, dim, dtype=torch.float32)  # prototypes travel as float32
@@ -240,6 +250,25 @@ class FedProtoClient(LocalUpdate):
             arrays["prototypes"] = protos[mine].float().cpu()
         return Upload([Payload("prototypes", arrays)])
 
+    def evaluate(self, client, download):
+        """Two readings: the local classifier ("classifier"), and the nearest global prototype
+        ("prototype"; the evaluation download, none before the first upload)."""
+        dim = prototype_dim(self.p, client.model)
+        z, logits = embed_all(client.model, client.x_test, self.params.train.eval_batch_size, self.num_classes, dim)
+        n = len(client.y_test)
+        acc_cls = float((logits.argmax(1) == client.y_test).sum()) / n if n else float("nan")
+        if download and n:
+            (prototypes,) = download
+            classes = prototypes.arrays["class_ids"].to(z.device)
+            protos = prototypes.arrays["prototypes"].to(z.device)
+            pred = classes[torch.cdist(z, protos.to(z.dtype)).argmin(dim=1)]
+            acc_proto = float((pred == client.y_test).sum()) / n
+        else:
+            # no global prototypes yet (round 0 / before any upload): nothing to compare
+            # against, so the prototype reading falls back to the local classifier
+            acc_proto = acc_cls
+        return Evaluation(n, {"classifier": acc_cls, "prototype": acc_proto})
+
 
 def prototype_dim(p, model: nn.Module) -> int:
     return p.align_dim if p.align else feature_dim(model)
@@ -249,29 +278,44 @@ class FedProto(Method):
     name = "fedproto"
     client_cls = FedProtoClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
-        self.p = p = ctx.params.fedproto
-        K, C = len(ctx.clients), ctx.num_classes
-        dims = [feature_dim(c.model) for c in ctx.clients]
-        if p.align:
-            # Each client's adapter is part of its model (trained by its optimizer, never sent).
-            for c, d in zip(ctx.clients, dims):
-                c.model.adapter = make_adapter(d, p.align_dim, ctx.params.seed).to(ctx.device)
-                c.new_optimizer()
-        elif len(set(dims)) != 1:
-            raise ConfigError(f"fedproto: the clients' feature sizes differ ({sorted(set(dims))}); prototypes "
-                              "cannot be shared: set fedproto.align: true")
-        self.dim = D = p.align_dim if p.align else dims[0]
-        if p.compress and D >= 32768:
+        self.p = ctx.params.fedproto
+        if self.p.align:
+            self._allocate(self.p.align_dim)
+        # otherwise the prototype size is the clients' feature size, which their set-up uploads announce
+
+    def _allocate(self, D: int) -> None:
+        """The server's tables: the latest upload of every client (the reconstruction when compressing)."""
+        if self.p.compress and D >= 32768:
             raise ConfigError(f"fedproto.compress sends int16 indices: the prototype size {D} must be below 32768")
-        # server: the latest upload of every client (the reconstruction when compressing)
+        K, C = self.ctx.num_clients, self.ctx.num_classes
+        self.dim = D
         self.protos = torch.zeros(K, C, D)
         self.counts = torch.zeros(K, C, dtype=torch.long)
         self.accuracy = torch.zeros(K, C)
         self.held = torch.zeros(K, C, dtype=torch.bool)
         self.global_protos = torch.zeros(C, D)
         self.global_has = torch.zeros(C, dtype=torch.bool)
+
+    def wire(self, k):
+        """Up, per class k holds: id, count (int64), [accuracy], the prototype (float32, or its top-k
+        deltas as int8 values, int16 indices and a float32 scale); down, per global class: id, prototype."""
+        p, C = self.p, self.ctx.num_classes
+        D = p.align_dim if p.align else feature_dim(self.ctx.initial_model(k))
+        proto = topk_count(p.topk_fraction, D) * (1 + 2) + 4 if p.compress else 4 * D
+        up = 8 + 8 + (4 if p.aggregation == "confidence" else 0) + proto
+        held = len(self.ctx.client_labels(k).unique())
+        return {("up", "prototypes"): Wire(up, held), ("down", "prototypes"): Wire(8 + 4 * D, C, False)}
+
+    def setup(self, uploads):
+        if self.p.align:
+            return
+        dims = sorted({up.kept["feature_dim"] for up in uploads.values()})
+        if len(dims) != 1:
+            raise ConfigError(f"fedproto: the clients' feature sizes differ ({dims}); prototypes "
+                              "cannot be shared: set fedproto.align: true")
+        self._allocate(dims[0])
 
     # -- one round ---------------------------------------------------------------------
 
@@ -306,27 +350,18 @@ class FedProto(Method):
 
     # -- evaluation ------------------------------------------------------------------
 
-    def evaluate(self, round_: int):
-        classes = torch.nonzero(self.global_has).flatten().to(self.ctx.device)
-        protos = self.global_protos.to(self.ctx.device)[classes]
-        by_classifier, by_prototype = [], []
-        bs = self.ctx.params.train.eval_batch_size
-        for c in self.ctx.clients:
-            z, logits = embed_all(c.model, c.x_test, bs, self.ctx.num_classes, self.dim)
-            n = len(c.y_test)
-            acc_cls = float((logits.argmax(1) == c.y_test).sum()) / n if n else float("nan")
-            if len(classes) and n:
-                pred = classes[torch.cdist(z, protos.to(z.dtype)).argmin(dim=1)]
-                acc_proto = float((pred == c.y_test).sum()) / n
-            else:
-                # no global prototypes yet (round 0 / before any upload): nothing to compare
-                # against, so the prototype reading falls back to the local classifier
-                acc_proto = acc_cls
-            by_classifier.append((c.id, acc_cls, n))
-            by_prototype.append((c.id, acc_proto, n))
+    def evaluation(self, round_):
+        classes = torch.nonzero(self.global_has).flatten()
+        if not len(classes):
+            return []
+        return [Payload("prototypes", {"class_ids": classes, "prototypes": self.global_protos[classes]})]
+
+    def report(self, round_, evaluations):
+        by = {name: [(k, e.acc[name], e.n) for k, e in sorted(evaluations.items())]
+              for name in ("classifier", "prototype")}
         mean = lambda rows: sum(a for _, a, _ in rows) / len(rows)  # noqa: E731
-        extras = {"acc_classifier": mean(by_classifier), "acc_prototype": mean(by_prototype)}
-        return (by_prototype if self.p.eval == "prototype" else by_classifier), extras
+        extras = {"acc_classifier": mean(by["classifier"]), "acc_prototype": mean(by["prototype"])}
+        return by[self.p.eval], extras
 
     # -- checkpoint ------------------------------------------------------------------
 
@@ -336,5 +371,7 @@ class FedProto(Method):
         return {name: getattr(self, name).clone() for name in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
+        if not self.p.align:
+            self._allocate(state["protos"].shape[-1])
         for name in self.STATE:
             getattr(self, name).copy_(state[name])

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Upload
+from pipeline.federation.contract import LocalUpdate, ServerContext, Upload
 from pipeline.federation.averaging import ParameterAveraging
-from pipeline.federation.clients import Context
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -52,8 +51,8 @@ class MTFL(ParameterAveraging):
     name = "mtfl"
     client_cls = MTFLClient
 
-    def __init__(self, ctx: Context):
-        model = ctx.clients[0].model
+    def __init__(self, ctx: ServerContext):
+        model = ctx.initial_model(0)
         private = private_names(model)
         if not private:
             raise ValueError(f"mtfl keeps the BatchNorm layers private, but {type(model).__name__} has none")

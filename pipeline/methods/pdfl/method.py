@@ -44,7 +44,9 @@ so the order of clients does not matter):
      model as the teacher. The copy goes back to j: kept in the upload, delivered by the network
      simulator (this module's server half; pDFL has no server) in j's next download as
      Payload("feedback", state, sender=i). Only the latest feedback per directed pair is kept;
-  6. publish i's new knowledge (P_i, n_i), sent to its neighbours next round.
+  6. publish i's new knowledge (P_i, n_i) and its trained model, sent to its neighbours next round
+     (kept in the upload: the network simulator holds what each client published; no server
+     half reads a client's model).
 
 Ties in a ranking by weight (uniform weights with attention off) go to the lower client id.
 Each training phase is one pass (train.local_epochs epochs) over the local data; the first uses
@@ -53,7 +55,7 @@ phase the body gets no gradient and the model stays in train mode (BatchNorm bat
 as FedRep-style code does.
 
 Round 0 (nothing is sent): every client keeps its own initial model (as local-only training:
-nothing is averaged, so the bodies need not start aligned) and computes its knowledge from it.
+nothing is averaged, so the bodies need not start aligned) and publishes its knowledge of it.
 Bytes, per directed edge j -> i, on the sender's side (client j, "up", peer i): kind "model" =
 nbytes of j's state_dict, "knowledge" = C*C*4 (float32 P) + C*8 (int64 n), both in round t;
 "feedback" = nbytes of the optimised copy's state_dict on the edge i -> j (sender i, peer j),
@@ -69,8 +71,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.federation.contract import LocalUpdate, Method, Phase, Upload
-from pipeline.federation.clients import Client, Context
+from pipeline.federation.clients import Client
+from pipeline.federation.contract import LocalUpdate, Method, Phase, ServerContext, Upload, Wire, state_bytes
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_kd_rows
 from pipeline.seeds import torch_generator
@@ -223,6 +225,12 @@ class PDFLClient(LocalUpdate):
         super().__init__(params, num_classes)
         self.p = params.pdfl
 
+    def setup(self, client):
+        """Round 0: publish the knowledge of the initial model, and the model (sent in round 1)."""
+        publish(client, self.num_classes, self.p.T, self.params.train.eval_batch_size)
+        return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
+                            "model": model_state(client.model)})
+
     def phases(self, round_):
         head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
         if self.p.order == "head_then_body":
@@ -317,8 +325,8 @@ class PDFLClient(LocalUpdate):
                 gen = torch_generator(self.params.seed, "pdfl-external", round_, client.id, j)
                 feedback[j] = external_copy(scratch, state, client.x_train, client.y_train, soft, self.params, gen)
         return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
-                            "neighbours": client.state["neighbours"], "weights": client.state["weights"],
-                            "feedback": feedback})
+                            "model": model_state(client.model), "neighbours": client.state["neighbours"],
+                            "weights": client.state["weights"], "feedback": feedback})
 
 
 def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
@@ -330,32 +338,38 @@ class PDFL(Method):
     name = "pdfl"
     client_cls = PDFLClient
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         self.p = ctx.params.pdfl
-        K, C = len(ctx.clients), ctx.num_classes
+        K, C = ctx.num_clients, ctx.num_classes
         self.topology = Topology(K, self.p, ctx.params.seed)  # a ConfigError here, before any training
         self.soft = torch.zeros(K, C, C)  # each client's latest knowledge, as its neighbours would receive it
         self.counts = torch.zeros(K, C, dtype=torch.int64)
+        self.models: dict[int, State] = {}  # each client's latest published model (after its last training)
         # the network simulator's undelivered feedback: receiver -> sender -> optimised copy (latest only)
         self.feedback: dict[int, dict[int, State]] = {}
         self.stats: dict[int, dict[str, float]] = {}  # round -> extras (diagnostics of the round just trained)
         self.last_weights: dict[int, tuple[list[int], list[float]]] = {}  # client -> (neighbours, weights)
 
-    def setup(self):
+    def wire(self, k):
+        """Per directed edge k -> i, on k's side: its model and its knowledge; the feedback copy k
+        optimised for i (i's architecture: every client has the same one)."""
+        model, C = state_bytes(self.ctx.initial_model(k)), self.ctx.num_classes
+        return {("up", "model"): Wire(model), ("up", "knowledge"): Wire(4 * C * C + 8 * C),
+                ("up", "feedback"): Wire(model)}
+
+    def setup(self, uploads):
         # No common body: nothing is averaged, so every client keeps its own initial model (as local-only).
-        for client in self.ctx.clients:  # knowledge of the initial models; sent (and counted) in round 1
-            publish(client, self.ctx.num_classes, self.p.T, self.ctx.params.train.eval_batch_size)
-            self.soft[client.id], self.counts[client.id] = client.state["soft"], client.state["counts"]
+        for k, up in uploads.items():  # the initial models and their knowledge; sent (and counted) in round 1
+            self.soft[k], self.counts[k], self.models[k] = up.kept["soft"], up.kept["counts"], up.kept["model"]
         self.topology.write(self.ctx.run_dir / "topology.json")
-        return {}
 
     def configure(self, round_, selected):
         """Step 1: what every in-neighbour sends each selected client, from the round-start state,
         plus the feedback waiting for it."""
         neighbours = self.topology.in_neighbours(round_)
         senders = sorted({int(j) for i in selected for j in neighbours[i]})
-        models = {j: model_state(self.ctx.clients[j].model) for j in senders}  # the round-start snapshot
+        models = {j: self.models[j] for j in senders}  # as published: the round-start state
         downloads, delivered = {}, 0
         for i in selected:
             downloads[i] = []
@@ -374,7 +388,7 @@ class PDFL(Method):
         stats = self.stats.setdefault(round_, {})
         maxima = []
         for i, up in sorted(uploads.items()):
-            self.soft[i], self.counts[i] = up.kept["soft"], up.kept["counts"]
+            self.soft[i], self.counts[i], self.models[i] = up.kept["soft"], up.kept["counts"], up.kept["model"]
             nbrs, w = up.kept["neighbours"].tolist(), up.kept["weights"].tolist()
             self.last_weights[i] = (nbrs, w)
             for j, wj in zip(nbrs, w):
@@ -384,8 +398,8 @@ class PDFL(Method):
                 self.feedback.setdefault(j, {})[i] = state
         stats["attention_max"] = sum(maxima) / max(len(maxima), 1)
 
-    def evaluate(self, round_: int):
-        rows, _ = super().evaluate(round_)
+    def report(self, round_, evaluations):
+        rows, _ = super().report(round_, evaluations)
         return rows, dict(self.stats.get(round_, {}))
 
     def end_round(self, round_: int) -> None:
@@ -394,10 +408,11 @@ class PDFL(Method):
 
     def state_dict(self) -> dict:
         return {"soft": self.soft.clone(), "counts": self.counts.clone(), "topology": self.topology.state_dict(),
-                "feedback": {j: dict(by) for j, by in self.feedback.items()}}
+                "models": dict(self.models), "feedback": {j: dict(by) for j, by in self.feedback.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.soft.copy_(state["soft"])
         self.counts.copy_(state["counts"])
         self.topology.load_state_dict(state["topology"])
+        self.models = {int(k): m for k, m in state["models"].items()}
         self.feedback = {int(j): {int(i): s for i, s in by.items()} for j, by in state["feedback"].items()}

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Upload
+from pipeline.federation.contract import LocalUpdate, ServerContext, Upload
 from pipeline.federation.averaging import ParameterAveraging, state_copy
-from pipeline.federation.clients import Context
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -71,8 +70,8 @@ class PFedMe(ParameterAveraging):
     name = "pfedme"
     client_cls = PFedMeClient
 
-    def __init__(self, ctx: Context):
-        super().__init__(ctx, state_copy(ctx.clients[0].model))
+    def __init__(self, ctx: ServerContext):
+        super().__init__(ctx, state_copy(ctx.initial_model(0)))
         self.beta = ctx.params.pfedme.beta
 
     @classmethod
