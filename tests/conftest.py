@@ -261,15 +261,20 @@ class BuiltRepo:
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
 
 
-@pytest.fixture(scope="session")
-def built_repo(tmp_path_factory, prefect_api) -> BuiltRepo:
+def _session_dir(tmp_path_factory) -> Path:
+    """The session's temporary directory, common to every pytest-xdist worker of the session."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _build_template(path: Path, prefect_api: str) -> str:
+    """Copy the working tree to `path`, commit it, build it with `dvc repro` from a plain shell; the output."""
     import subprocess
 
     venv = REPO_ROOT / ".venv"
-    if not (venv / "bin" / "python").exists():
-        pytest.fail("no .venv in this checkout: run `make venv` (the end-to-end tests run .venv/bin/...)")
-    root = tmp_path_factory.mktemp("built")
-    repo = copy_worktree(root / "repo")
+    repo = copy_worktree(path)
     (repo / ".venv").symlink_to(venv)  # a link, which .gitignore's `.venv/` (folders only) does not match
     raw = yaml.safe_load((repo / "params.yaml").read_text())
     for section, values in TINY_REPO.items():
@@ -280,11 +285,34 @@ def built_repo(tmp_path_factory, prefect_api) -> BuiltRepo:
     for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
                 ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
-    built = BuiltRepo(repo, root, prefect_api)
+    builder = BuiltRepo(repo, path.parent, prefect_api)
     # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
-    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=built.env, capture_output=True).returncode:
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=builder.env, capture_output=True).returncode:
         pytest.fail("the venv is older than pyproject.toml: run `make venv` first")
-    out = built.sh(".venv/bin/dvc repro", timeout=900)  # the README's first command, as written, from a plain shell
-    built.build_output = out.stdout + out.stderr
+    out = builder.sh(".venv/bin/dvc repro", timeout=900)  # the README's first command, as written, from a plain shell
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="session")
+def built_repo(tmp_path_factory, prefect_api) -> BuiltRepo:
+    """This worker's copy of the built repository. It is built once per session: the first pytest-xdist
+    worker to need it builds a template (the others wait on a file lock), then every worker copies the
+    template, the built state included, and changes only its own copy."""
+    import shutil
+
+    from filelock import FileLock
+
+    if not (REPO_ROOT / ".venv" / "bin" / "python").exists():
+        pytest.fail("no .venv in this checkout: run `make venv` (the end-to-end tests run .venv/bin/...)")
+    shared = _session_dir(tmp_path_factory)
+    template = shared / "built-template"
+    with FileLock(str(shared / "built-template.lock")):
+        if not (template / "build-output.txt").exists():
+            output = _build_template(template / "repo", prefect_api)
+            (template / "build-output.txt").write_text(output)  # last: the template is complete
+    root = tmp_path_factory.mktemp("built")
+    shutil.copytree(template / "repo", root / "repo", symlinks=True)
+    built = BuiltRepo(root / "repo", root, prefect_api)
+    built.build_output = (template / "build-output.txt").read_text()
     built.save()
     return built

@@ -75,3 +75,35 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, mnist):
     # the same exchange happened: every sample's logits went up once per round, its teachers came down
     assert live.ledger.total() == step.ledger.total()
     assert (step.algorithm.cache.updated_in == 8).all()
+
+
+def test_grouped_evaluation_equals_one_client_after_another(mnist, float64):
+    """The vectorized executor's evaluation (same-architecture clients in one grouped network, their test
+    splits of different sizes, one of them empty) gives each client's own accuracy, as evaluate_model does."""
+    import torch
+
+    from models.resnet import build_model
+    from pipeline.federation.clients import Client, evaluate_model, to_tensor
+    from pipeline.federation.contract import LocalUpdate
+    from pipeline.train.executors import VectorizedExecutor
+
+    params = parse_params(tiny_params_raw({"train": {"eval_batch_size": 16}}))
+    clients = []
+    for k, n_test in enumerate([37, 5, 0, 20]):
+        torch.manual_seed(k)
+        model = build_model("resnet8", 1, mnist.num_classes)
+        with torch.no_grad():  # running statistics of their own: eval mode reads them
+            for m in model.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.running_mean.normal_(0, 0.1)
+                    m.running_var.uniform_(0.5, 1.5)
+        lo = 50 * k
+        x, y = to_tensor(mnist.test_x[lo:lo + n_test]), torch.from_numpy(mnist.test_y[lo:lo + n_test]).long()
+        clients.append(Client(k, model, torch.optim.SGD(model.parameters(), lr=0.1), x[:1], y[:1], torch.arange(1),
+                              x, y))
+    grouped = VectorizedExecutor(group_size=3).evaluate(LocalUpdate(params, mnist.num_classes), clients, [])
+    for c in clients:
+        acc, n = evaluate_model(c.model, c.x_test, c.y_test, 16)
+        assert grouped[c.id].n == n
+        assert grouped[c.id].acc["acc"] == pytest.approx(acc, nan_ok=True), c.id
+    assert any(0 < grouped[c.id].acc["acc"] < 1 for c in clients)  # not all trivially 0 or 1

@@ -48,11 +48,12 @@ def test_kkr_sets_every_peak_to_t_and_keeps_the_ranking():
     assert torch.allclose(sharpened, torch.tensor([[0.9, 0.05, 0.05]]))
 
 
-@pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
+@pytest.mark.slow  # the default server model, ResNet-56 without its stem: seconds of training
 @pytest.mark.parametrize("name", ["feddkc", "fedict"])
-def test_method_learns_and_counts_features_up_and_logits_down(name, learning_workspace, mnist):
-    _, params, part = learning_workspace
-    trainer = _trainer(name, params, part, mnist)
+def test_features_go_up_and_the_server_models_logits_come_down(name, tiny_workspace, mnist):
+    """3 rounds with the default server model (the conformance suite runs the smaller one and checks learning)."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(name, with_section(params, "train", rounds=3), part, mnist)
     summary = trainer.run()
     rows, accs = _comm_and_accs(name, summary["run_id"])
     C, (H, W) = part.num_classes, mnist.train_x.shape[1:3]
@@ -63,8 +64,7 @@ def test_method_learns_and_counts_features_up_and_logits_down(name, learning_wor
     expected += [(r, k, "down", "server_logits", down[k]) for r in (2, 3) for k in n]
     assert sorted(rows) == sorted(expected)
     assert summary["bytes_total"] == 3 * sum(up.values()) + 2 * sum(down.values())
-    # learns: well above chance (10 classes) and its untrained start
-    assert summary["maua"] > max(0.3, accs[0] + 0.15), accs
+    assert len(accs) == 4 and all(0 <= a <= 1 for a in accs)  # round 0 and three rounds, evaluated
     # the knowledge sent back is A4^S's logits for each client's own samples
     assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
 

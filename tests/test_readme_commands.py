@@ -10,8 +10,8 @@ copy is followed by restoring it:
 
 - run:     the line as written;
 - shrunk:  the line as written, then `-S` flags that shrink it to the tiny setting and 1 round (DVC applies
-           `-S` in order, so the later ones win); the README's own values are checked separately
-           against the params schema;
+           `-S` in order, so the later ones win), a preset to one of its methods; the README's own
+           values are checked separately against the params schema;
 - serve:   started as written, until the page answers, then stopped (a port in use is swapped for
            a free one);
 - help:    the line with `--help` appended (benchmarks take minutes; this runs their interpreter,
@@ -101,13 +101,21 @@ SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_pe
 
 
 def shrink_flags(cmd: str) -> list[str]:
-    """SHRINK, keeping the heterogeneous runs of a preset that has no homogeneous ones (Table 6's):
-    emptying both lists would leave nothing to train, which the params refuse."""
+    """SHRINK; for a preset, also one of its methods: the first of its homogeneous list, or, for a preset
+    that has none (Table 6's), the first of its heterogeneous list. Every method's training stage is
+    the same command (flows.train) and the conformance suite runs every method; what a preset adds,
+    its values of every section, the schema checks (test below) and this run exercises."""
     match = re.search(r"pipeline\.experiments\.presets run (\S+)", cmd)
-    flat = presets.check(match.group(1), REPO_ROOT / "params.yaml", REPO_ROOT / "presets") if match else {}
-    if flat.get("train.algorithms") == []:  # a preset that leaves the key out keeps params.yaml's list
-        return [f for f in SHRINK if not f.startswith("train.hetero_algorithms=")]
-    return SHRINK
+    if not match:
+        return SHRINK
+    flat = presets.check(match.group(1), REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
+    defaults = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["train"]
+    homogeneous = flat.get("train.algorithms", defaults["algorithms"])  # a preset that leaves it out keeps params.yaml's
+    heterogeneous = flat.get("train.hetero_algorithms", defaults["hetero_algorithms"])
+    flags = [f for f in SHRINK if not f.startswith("train.hetero_algorithms=")]
+    if homogeneous:
+        return flags + [f"train.algorithms=[{homogeneous[0]}]", "train.hetero_algorithms=[]"]
+    return flags + [f"train.hetero_algorithms=[{heterogeneous[0]}]"]
 
 
 # ---------------------------------------------------------------- reading the README

@@ -19,8 +19,10 @@ per-step hook (FedCache `live` / `step`) is a `StepHook` the engine supplies: it
 records the step's payloads in the ledger and asks the server half, its `end_step` tells the
 server half that every client took the step.
 
-Evaluation is a client task too (`LocalUpdate.evaluate`): `evaluate` runs it for every client,
-one after another, in every executor (in the flow's process for dask, where the test splits are).
+Evaluation is a client task too (`LocalUpdate.evaluate`), run by the executor: the vectorized one
+batches the default evaluation (each client's own model) in grouped networks like training; a
+method's own readings, and the other executors, run it one client after another (dask in the
+flow's process, where the test splits are).
 """
 
 from __future__ import annotations
@@ -231,6 +233,32 @@ class GroupRun:
         return {c.id: (c, tg, per_client[c.id]) for c, tg in zip(self.clients, self.targets)}
 
 
+@torch.inference_mode()
+def grouped_accuracy(clients: list[Client], batch_size: int) -> dict[int, Evaluation]:
+    """The default evaluation (each client's own model on its own test split) of same-architecture
+    clients in one grouped network: each step takes the next rows of every client's test split
+    (about `batch_size` rows in all), so a round's evaluation costs a few large steps."""
+    from pipeline.train.grouped import GroupedModel
+
+    clients = sorted(clients, key=lambda c: -len(c.y_test))  # the clients with rows left are a prefix
+    model = GroupedModel([c.model for c in clients])
+    model.eval()
+    per_client = max(1, batch_size // len(clients))
+    correct = [0] * len(clients)
+    for start in range(0, len(clients[0].y_test), per_client):
+        active = [c for c in clients if len(c.y_test) > start]
+        rows = [c.x_test[start:start + per_client] for c in active]
+        B = max(len(r) for r in rows)
+        x = torch.cat([torch.cat([r, r.new_zeros(B - len(r), *r.shape[1:])]) for r in rows])
+        model.set_step(len(active), B, None)  # eval mode: BatchNorm uses running statistics, padding rows are inert
+        pred = model(x).argmax(dim=1).view(len(active), B)
+        for a, c in enumerate(active):
+            y = c.y_test[start:start + per_client]
+            correct[a] += int((pred[a, :len(y)] == y).sum())
+    return {c.id: Evaluation(len(c.y_test), {"acc": correct[i] / len(c.y_test) if len(c.y_test) else float("nan")})
+            for i, c in enumerate(clients)}
+
+
 def _with_pad_row(parts: list[torch.Tensor]) -> torch.Tensor:
     table = torch.cat(parts)
     return torch.cat([table, torch.zeros_like(table[:1])])
@@ -288,4 +316,16 @@ class VectorizedExecutor:
                     progress.update(len(run.clients))
         return {k: finished_alone[k] if k in alone else local.end(*finished[k], round_) for k in selected}
 
-    evaluate = staticmethod(evaluate)
+    def evaluate(self, local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
+        """The default evaluation (each client's own model) batched like training: one grouped network per
+        group of same-architecture clients. A method's own readings run one client after another."""
+        from pipeline.train.grouped import supports
+
+        if type(local).evaluate is not LocalUpdate.evaluate:
+            return evaluate(local, clients, download)
+        alone = [c for c in clients if supports(c.model) is not None]
+        out = evaluate(local, alone, download)
+        batch = local.params.train.eval_batch_size
+        for group in self.groups([c for c in clients if supports(c.model) is None]):
+            out.update(grouped_accuracy(group, batch))
+        return {c.id: out[c.id] for c in clients}

@@ -11,7 +11,8 @@ from pipeline.config import MethodParams
 
 class PDFLParams(MethodParams):
     homogeneous_only: ClassVar[bool] = True  # peers distil into each other's models: one architecture
-    tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2}  # 3 clients: the complete graph
+    # 3 clients: the complete graph; 2 steps of each inner optimisation exercise them as 10 or 20 do
+    tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2, "external_steps": 2, "attention_steps": 2}
 
     edge_prob: float = Field(0.25, gt=0, le=1)
     min_degree: int = Field(4, ge=1)
