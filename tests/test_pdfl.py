@@ -182,7 +182,7 @@ def _pdfl_section(preset: str | None = None) -> tuple[PDFLParams, int]:
     return PDFLParams(**section), K
 
 
-@pytest.mark.parametrize("preset,K,degree", [(None, 30, 4), ("pdfl_paper", 100, 10)])
+@pytest.mark.parametrize("preset,K,degree", [(None, 20, 4), ("pdfl_paper", 100, 10)])
 def test_default_and_paper_topologies_draw_within_max_redraws(preset, K, degree):
     p, k = _pdfl_section(preset)
     assert k == K and p.min_degree == degree and p.topology == "redraw"
