@@ -97,13 +97,16 @@ class ServerContext:
     def in_channels(self) -> int:
         return self.input_shape[0]
 
+    def _span(self, k: int) -> tuple[int, int]:
+        return int(self.partition.train_offsets[k]), int(self.partition.train_offsets[k + 1])
+
     def client_sample_ids(self, k: int) -> torch.Tensor:
         """The global ids of client k's training samples (what its uploads name samples by)."""
-        return torch.arange(int(self.partition.train_offsets[k]), int(self.partition.train_offsets[k + 1]))
+        return torch.arange(*self._span(k))
 
     def client_labels(self, k: int) -> torch.Tensor:
         """The labels of client k's training samples."""
-        lo, hi = int(self.partition.train_offsets[k]), int(self.partition.train_offsets[k + 1])
+        lo, hi = self._span(k)
         return torch.from_numpy(self.partition.train_labels[lo:hi])
 
     def initial_model(self, k: int = 0) -> nn.Module:
