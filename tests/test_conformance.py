@@ -1,7 +1,7 @@
 """The conformance suite: what every method passes, parametrised over the registry (a new folder
 under pipeline/methods/ is in it without editing this file).
 
-For each method, on the tiny MNIST setting (3 clients of uneven size, batch 8 so clients end on
+For each method, on the tiny MNIST setting at 14 x 14 pixels (3 clients of uneven size, batch 8 so clients end on
 partial batches) with the method's own `tiny_setting` (its params class), homogeneous and, where
 the method allows it, heterogeneous models:
   - the vectorized executor computes what the sequential one does, in float64 (same ledger, same
@@ -13,7 +13,7 @@ the method allows it, heterogeneous models:
   - every row of its byte ledger weighs what its declared formula (`Method.wire`) says;
   - every key of its params section refuses a value of the wrong type, and an unknown key, naming
     the key in the error;
-  - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.08.
+  - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15.
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ IDS = [f"{name}-{'hetero' if hetero else 'homo'}" for name, hetero in CASES]
 # the heterogeneous cases (ResNet-8/16/20 side by side) in the end-to-end tier: `make test-fast` keeps to 3 minutes
 PARAMS = [pytest.param(name, hetero, id=i, marks=[pytest.mark.slow] if hetero else [])
           for (name, hetero), i in zip(CASES, IDS)]
+
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): a quarter of the convolution; the methods learn on them as well
+    (the learning check below says by how much)."""
+    return small_mnist
 
 
 def _trainer(params, part, mnist, method: str, run: str, hetero: bool = False, executor: str | None = None):
@@ -210,8 +217,8 @@ def test_it_learns_on_tiny_mnist(tmp_path, monkeypatch, mnist, method):
     trainer = _trainer(tiny(params, method), part, mnist, method, "learn")
     summary = trainer.run()
     initial = trainer.history[0][1]
-    # seeds 0-2, every method: a gain of 0.13 or more (the least: pfedme at seed 2, 0.092 -> 0.222)
-    assert summary["maua"] > initial + 0.08, trainer.history
+    # 14 x 14 digits, seeds 0-2, every method: a gain of 0.27 or more (the least: pfedme at seed 1, 0.056 -> 0.334)
+    assert summary["maua"] > initial + 0.15, trainer.history
 
 
 def test_the_suite_covers_every_method_in_both_settings_it_allows():

@@ -1,7 +1,7 @@
 """The dask executor (`train.executor: dask`) computes what the sequential one does.
 
 As in the conformance suite (tests/test_conformance.py), for every method in the registry: two
-real runs on the tiny MNIST setting (3 uneven clients, 2 rounds, batch 8, float64, the method's
+real runs on the tiny MNIST setting at 14 x 14 pixels (3 uneven clients, 2 rounds, batch 8, float64, the method's
 `tiny_setting`) must give a byte-identical ledger, the same per-client accuracies and the same
 weights. The dask runs use a local cluster of 2 worker processes that the
 executor starts itself (one for the whole module: starting one takes seconds), and, for the
@@ -36,6 +36,12 @@ from pipeline.results.store import ResultsDB
 from conftest import tiny, tiny_params_raw, with_section
 
 DASK = Path(sys.executable).with_name("dask")
+
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these tests compare two computations, not accuracy."""
+    return small_mnist
 
 
 def _trainer(params, part, mnist, algorithm: str, executor: str, **train) -> Trainer:

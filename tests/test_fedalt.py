@@ -27,6 +27,13 @@ from pipeline.results.store import ResultsDB
 from conftest import tiny_params_raw
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these tests check what is computed and sent, not accuracy."""
+    return small_mnist
+
+
+
 def _model(seed: int, in_channels: int = 1) -> MultiExitResNet:
     torch.manual_seed(seed)
     model = build_multiexit(in_channels, 10)

@@ -17,6 +17,13 @@ from pipeline.errors import ConfigError
 from pipeline.results.store import RunResultsDB
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these tests check what is computed and sent, not accuracy."""
+    return small_mnist
+
+
+
 def _trainer(name, params, part, mnist, hetero=False):
     return Trainer(params, REGISTRY[name], part, mnist, paths.run_dir(name), paths.checkpoint_path(name),
                    RunResultsDB(paths.run_results(name)), [paths.PARTITION], hetero=hetero)

@@ -22,6 +22,13 @@ from pipeline.results.store import ResultsDB
 from pipeline.methods.pdfl.topology import Topology, is_connected
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these tests check what is computed and sent, not accuracy."""
+    return small_mnist
+
+
+
 # -- topology ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(5))

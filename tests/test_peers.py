@@ -16,6 +16,13 @@ from pipeline.train.engine import Trainer
 from pipeline.results.store import ResultsDB
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these tests check what is computed and sent, not accuracy."""
+    return small_mnist
+
+
+
 def test_fd_leave_one_out_with_a_class_held_by_one_client():
     C = 3
     sums = torch.zeros(3, C, C)
