@@ -190,10 +190,10 @@ class DaskExecutor:
 
         for name in ("distributed", "prefect_dask"):  # their INFO lines would bury the stage's own output
             logging.getLogger(name).setLevel(logging.WARNING)
-        self._api_url = self._prefect_api()
         if self.address:
             runner = DaskTaskRunner(address=self.address)
         else:
+            self._api_url = self._prefect_api()  # the local workers are told it as they start
             env = {"PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # a Trainer run outside a flow (tests, bench)
                    **({"PREFECT_API_URL": self._api_url} if self._api_url else {})}
             runner = DaskTaskRunner(cluster_kwargs=dict(n_workers=self.workers, threads_per_worker=1, processes=True,
@@ -216,6 +216,8 @@ class DaskExecutor:
                                       "one (`dask scheduler`), or set train.dask_address: null for a local cluster") \
                         from None
             client.wait_for_workers(1, timeout=120)
+            if self.address:  # only once the scheduler answered: an unreachable one fails before a server starts
+                self._api_url = self._prefect_api()
             try:
                 pids = client.run(_warm_worker)
             except ImportError as err:
