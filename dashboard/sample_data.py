@@ -86,12 +86,13 @@ def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: 
     """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
     `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc)."""
     gen = np.random.default_rng(seed)
-    if start_round == 0:
+    if start_round == 0:  # (a run's own file starts anew here: before the connection below opens it)
         db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed)
-    for rnd, acc in enumerate(accs[start_round:], start=start_round):
-        write_round(db, run_id, algorithm, rnd, acc, sizes, gen)
-    if finish:
-        db.finish_run(run_id)
+    with db.held():  # one connection for the rounds
+        for rnd, acc in enumerate(accs[start_round:], start=start_round):
+            write_round(db, run_id, algorithm, rnd, acc, sizes, gen)
+        if finish:
+            db.finish_run(run_id)
 
 
 def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float | None, sizes: np.ndarray,

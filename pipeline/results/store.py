@@ -199,9 +199,25 @@ class ResultsDB:
     def __init__(self, path: str | Path, lock_timeout_s: float = 60.0):
         self.path = Path(path)
         self.lock_timeout_s = lock_timeout_s
+        self._held: duckdb.DuckDBPyConnection | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep one writing connection open for the writes inside: opening the file costs about 20 ms, so
+        a bulk writer (sample data: many rounds) opens it once. A stage writes a round at a time, each
+        round in a connection of its own, so readers get the file between rounds."""
+        with self.connect() as con:
+            self._held = con
+            try:
+                yield
+            finally:
+                self._held = None
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._held is not None and not read_only:
+            yield self._held
+            return
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
@@ -320,6 +336,8 @@ class RunResultsDB(ResultsDB):
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
                   experiment: str | None = None, changed: dict | None = None) -> None:
+        if self._held is not None:
+            raise RuntimeError(f"{self.path}: start a run before held(), which would keep the file it replaces open")
         remove_db(self.path)
         super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed)
 
