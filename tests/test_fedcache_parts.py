@@ -31,6 +31,37 @@ def test_kd_loss_matches_hand_computation():
     assert kd_loss(student, teacher, T).item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_the_paper_presets_distil_as_the_official_code_does():
+    """The official code (wuzhiyuan2000/FedCache): loss = CE + alpha * KL_Loss(student, teacher / args.T), with
+    KL_Loss's own temperature 3.0: 3.0^2 * KLDiv(batchmean)(log_softmax(student / 3), softmax(teacher' / 3)
+    + 1e-7), and args.T = 1. Written out here by hand, in float64, on a hand-made batch; every preset
+    that runs FedCache must give the same term (up to the 1e-7 the official code adds to the teacher's
+    probabilities, which moves it by less than 1e-4 of itself)."""
+    from conftest import REPO_ROOT
+    from pipeline.experiments import presets
+
+    student = torch.tensor([[2.0, -1.0, 0.5, 0.0], [0.1, 0.2, 3.0, -2.0], [-1.0, 1.0, 0.0, 0.5]], dtype=torch.float64)
+    teacher = torch.tensor([[1.5, 0.0, 0.2, -0.3], [0.0, 0.0, 2.0, 1.0], [0.3, 0.4, -0.5, 2.5]], dtype=torch.float64)
+    args_T, kl_T, alpha = 1.0, 3.0, 1.5
+
+    def official(eps: float) -> float:
+        total = 0.0
+        for s, t in zip(student.tolist(), (teacher / args_T).tolist()):
+            log_q = [a / kl_T - math.log(sum(math.exp(b / kl_T) for b in s)) for a in s]
+            p = [math.exp(a / kl_T) / sum(math.exp(b / kl_T) for b in t) + eps for a in t]
+            total += sum(pi * (math.log(pi) - lq) for pi, lq in zip(p, log_q))  # KLDivLoss: p * (log p - input)
+        return alpha * kl_T * kl_T * total / len(student)  # batchmean, then the T^2 factor and alpha
+
+    assert official(1e-7) == pytest.approx(official(0.0), rel=1e-4)  # the official epsilon: a rounding detail
+
+    for name in presets.available(REPO_ROOT / "presets"):
+        flat = presets.check(name, REPO_ROOT / "params.yaml", REPO_ROOT / "presets")
+        if "fedcache" not in flat.get("train.algorithms", []) + flat.get("train.hetero_algorithms", []):
+            continue
+        beta, T = flat.get("fedcache.beta", 1.5), flat.get("fedcache.T", 3.0)
+        assert beta * kd_loss(student, teacher, T).item() == pytest.approx(official(0.0), rel=1e-12), name
+
+
 def test_kd_loss_skips_rows_without_teacher():
     student = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     teacher = torch.tensor([[0.0, 1.0], [float("nan"), float("nan")]])
