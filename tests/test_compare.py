@@ -30,6 +30,17 @@ def test_speedup_is_against_fedavg_at_the_target_when_it_reaches_it():
     assert rows["fedcache"]["speedup_target"] == 0.75
 
 
+def test_speedup_and_bytes_to_its_level_with_and_without_the_setup_upload():
+    """The paper counts no one-time set-up: the speed-up and the bytes to its level come both ways."""
+    fedavg = _series("fedavg", [0.1, 0.6, 0.8], per_round=1000)
+    fedcache = _series("fedcache", [0.1, 0.8, 0.8], per_round=10, setup=100)
+    rows = {r["algorithm"]: r for r in comparison([fedavg, fedcache], target=0.75)}
+    assert rows["fedcache"]["speedup"] == pytest.approx(2000 / 110)  # set-up counted
+    assert rows["fedcache"]["speedup_no_setup"] == pytest.approx(2000 / 10)
+    assert (rows["fedcache"]["bytes_to_level"], rows["fedcache"]["bytes_to_level_no_setup"]) == (110, 10)
+    assert (rows["fedavg"]["bytes_to_level"], rows["fedavg"]["speedup_no_setup"]) == (2000, pytest.approx(1.0))
+
+
 def test_speedup_falls_back_to_the_level_fedavg_reached():
     """FedAvg below the target: speed-ups at FedAvg's MAUA (the paper's reference is parameter averaging),
     not against whichever run happened to be costliest."""

@@ -40,11 +40,14 @@ def test_the_report_puts_the_papers_figures_beside_the_measured_rows(tmp_path):
 
     row = {"algorithm": "fedcache", "setting": "homo", "rounds": 10, "maua": 0.7334, "final_acc": 0.73,
            "bytes_total": 26_208_000, "bytes_setup": 15_648_000, "bytes_training": 10_560_000, "target_acc": 0.75,
-           "bytes_to_target": None, "bytes_to_target_no_setup": None, "speedup": None, "speedup_target": None,
-           "speedup_vs": None, "run_id": "fedcache-1"}
+           "bytes_to_target": None, "bytes_to_target_no_setup": None, "speedup": 146.7, "speedup_no_setup": 186.7,
+           "speedup_target": 0.5838, "speedup_vs": "pfedme", "bytes_to_level": 26_208_000,
+           "bytes_to_level_no_setup": 10_560_000, "run_id": "fedcache-1"}
     other = {**row, "algorithm": "local", "run_id": "local-1"}  # the paper has no local-only row
     text = format_paper_table([row, other], "fashion_mnist")
-    assert "| fedcache | homo | 73.34% | 77.71% (Table 5) | -4.4 | 0.026 | 0.08 | — | 258.9x vs pfedme |" in text
+    assert ("| fedcache | homo | 73.34% | 77.71% (Table 5) | -4.4 | 0.0262 (to 58.38%) | 0.0106 (to 58.38%) | 0.08 | "
+            "146.7x vs pfedme at 58.38% | 186.7x vs pfedme at 58.38% | 258.9x vs pfedme |") in text
+    assert "paper GB to its target (w/o set-up) | speed-up (with set-up) | speed-up w/o set-up |" in text
     assert "| local |" not in text
     assert format_paper_table([row], "cifar10") == ""
     write_outputs([row, other], tmp_path / "metrics.json", tmp_path / "report", "fashion_mnist")

@@ -57,8 +57,10 @@ class RunSeries:
 def comparison(series: list[RunSeries], target: float | None, include_setup: bool = True,
                baseline: str = "fedavg") -> list[dict]:
     """One row per run. speedup = (bytes the reference needs to reach speedup_target) / (this run's),
-    both counted with set-up traffic when include_setup; None when the run never reaches that level
-    or sends nothing. The reference is the `baseline` run of the same setting (see the module doc)."""
+    both counted with set-up traffic when include_setup; speedup_no_setup the same without it (as
+    the paper counts); None when the run never reaches that level or sends nothing. bytes_to_level
+    (and _no_setup): this run's bytes to that level. The reference is the `baseline` run of the same
+    setting (see the module doc)."""
     rows = []
     for s in series:
         rows.append({
@@ -73,12 +75,16 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
     for setting in {r["setting"] for r in rows}:
         group = [(r, s) for r, s in zip(rows, series) if r["setting"] == setting]
         reference, level = _reference(group, target, baseline, include_setup)
-        ref_bytes = reference.bytes_to_target(level, include_setup) if reference is not None else None
         for r, s in group:
-            b = s.bytes_to_target(level, include_setup)
-            r["speedup"] = (ref_bytes / b) if (ref_bytes and b) else None
+            # both ways: the paper's figures leave the one-time set-up out (FedCache's hash upload)
+            for key, setup in (("speedup", include_setup), ("speedup_no_setup", False)):
+                ref_bytes = reference.bytes_to_target(level, setup) if reference is not None else None
+                b = s.bytes_to_target(level, setup)
+                r[key] = (ref_bytes / b) if (ref_bytes and b) else None
             r["speedup_target"] = level if reference is not None else None
             r["speedup_vs"] = reference.algorithm if reference is not None else None
+            r["bytes_to_level"] = s.bytes_to_target(level) if reference is not None else None
+            r["bytes_to_level_no_setup"] = s.bytes_to_target(level, include_setup=False) if reference is not None else None
     return rows
 
 
