@@ -44,6 +44,34 @@ def test_a_download_replaces_the_shared_tensors_and_keeps_the_clients_batchnorm(
         assert torch.equal(after[name], expected), name
 
 
+def test_the_round_figure_reads_the_global_shared_layers_with_the_clients_own_batchnorm(tiny_workspace, mnist):
+    """mtfl.eval before_local (the default): each client's figure is the server's new shared tensors in its
+    own model, whose BatchNorm (parameters and running statistics) stays its own, before local training;
+    after_local, the other reading, is the client's trained model as it is."""
+    from pipeline.federation.clients import evaluate_model
+
+    _, params, part = tiny_workspace
+    trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),
+                      RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
+    trainer.start()
+    trainer.run_round(1)
+    rows, extras = trainer.sim.evaluate(1)
+    server, bs = trainer.algorithm, params.train.eval_batch_size
+    assert not set(server.global_state) & server.private  # no BatchNorm tensor is global
+    for (k, acc, n), client in zip(rows, trainer.clients):
+        by_hand = build_model(params.train.model, 1, part.num_classes)
+        by_hand.load_state_dict({**client.model.state_dict(), **server.global_state})  # shared: the server's
+        for name, t in by_hand.state_dict().items():  # BatchNorm: the client's trained values, buffers included
+            if name in server.private:
+                assert torch.equal(t, client.model.state_dict()[name]), name
+        assert acc == evaluate_model(by_hand, client.x_test, client.y_test, bs)[0]
+    # the clients' own models (after local training) differ from the global reading: both are meant
+    after = sum(evaluate_model(c.model, c.x_test, c.y_test, bs)[0] for c in trainer.clients) / len(trainer.clients)
+    assert extras["acc_after_local"] == pytest.approx(after)
+    assert any(not torch.equal(c.model.state_dict()[n], t) for c in trainer.clients
+               for n, t in server.global_state.items())
+
+
 @pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
 def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     _, params, part = learning_workspace
@@ -61,8 +89,10 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     assert sorted(rows) == sorted((r, k, d, "params", shared_bytes) for r in range(1, 4) for k in range(K)
                                   for d in ("down", "up"))
     assert summary["bytes_total"] == 3 * K * 2 * shared_bytes
-    # learns: well above chance (10 classes) and its untrained start (measured: 0.045 -> 0.483)
-    assert summary["maua"] > max(0.3, accs[0] + 0.2), accs
+    # learns: above chance (10 classes) and its untrained start. The figure is MTFL's own reading (the global
+    # shared layers with the client's BatchNorm, before local training), slower to rise than the trained
+    # models': seeds 0-2 gave 0.109 -> 0.317, 0.104 -> 0.336, 0.099 -> 0.252
+    assert summary["maua"] > max(0.2, accs[0] + 0.1), accs
     # the server's shared tensors are the sample-weighted mean of what the clients uploaded last
     expected = weighted_average([shared_state(c.model, trainer.algorithm.private) for c in trainer.clients],
                                 [float(c.num_train) for c in trainer.clients])

@@ -5,8 +5,13 @@ stays on the client: those layers are what makes each model the client's own tas
 tensor is shared as in FedAvg (the FedCache paper runs MTFL "with the FedAvg optimisation
 strategy"): each selected client loads the global shared tensors into its model, keeping its own
 BatchNorm, trains one local epoch with a fresh optimizer state, and uploads its shared tensors;
-the server's new shared tensors are their sample-count-weighted mean. The round figure evaluates
-each client's own model (global shared layers after its local training, its own BatchNorm).
+the server's new shared tensors are their sample-count-weighted mean.
+
+Evaluation, as MTFL defines a user's accuracy (`mtfl.eval: before_local`, the default): the new
+global shared tensors with the client's own private BatchNorm (its parameters and running
+statistics), before any local training on them: what a user gets from a download. The other
+reading, `after_local` (the client's model as its local training left it), is kept as a round
+metric (`acc_after_local`, or `acc_before_local` when after_local is the figure).
 
 Homogeneous models only (a config error otherwise). Bytes per selected client and round: the
 nbytes of every shared tensor, down and up (the BatchNorm tensors never travel).
@@ -14,9 +19,12 @@ nbytes of every shared tensor, down and up (the BatchNorm tensors never travel).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
-from pipeline.federation.contract import LocalUpdate, ServerContext, Upload
+from pipeline.federation.clients import evaluate_model
+from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
 from pipeline.federation.averaging import ParameterAveraging
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -46,6 +54,18 @@ class MTFLClient(LocalUpdate):
         shared = shared_state(client.model, private_names(client.model))
         return Upload([Payload("params", shared)], {"weight": float(client.num_train)})
 
+    def evaluate(self, client, download):
+        """Both readings: before_local (the global shared tensors, the evaluation download, in a copy of
+        the client's model: its BatchNorm stays) and after_local (the client's model as it is)."""
+        bs = self.params.train.eval_batch_size
+        after, n = evaluate_model(client.model, client.x_test, client.y_test, bs)
+        (shared,) = download
+        with torch.no_grad():
+            model = copy.deepcopy(client.model)
+            model.load_state_dict(shared.arrays, strict=False)  # shared tensors only: the BatchNorm is the client's
+        return Evaluation(n, {"before_local": evaluate_model(model, client.x_test, client.y_test, bs)[0],
+                              "after_local": after})
+
 
 class MTFL(ParameterAveraging):
     name = "mtfl"
@@ -58,3 +78,12 @@ class MTFL(ParameterAveraging):
             raise ValueError(f"mtfl keeps the BatchNorm layers private, but {type(model).__name__} has none")
         super().__init__(ctx, shared_state(model, private))  # starts as client 0's initial shared weights
         self.private = private
+        self.eval_reading = ctx.params.mtfl.eval
+
+    def evaluation(self, round_):
+        return [Payload("params", self.global_state)]
+
+    def report(self, round_, evaluations):
+        other = "after_local" if self.eval_reading == "before_local" else "before_local"
+        rows = [(k, e.acc[self.eval_reading], e.n) for k, e in sorted(evaluations.items())]
+        return rows, {f"acc_{other}": sum(e.acc[other] for e in evaluations.values()) / len(evaluations)}

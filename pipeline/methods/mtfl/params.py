@@ -1,11 +1,16 @@
-"""MTFL has no knobs of its own yet (`mtfl:` stays empty)."""
+"""MTFL's params.yaml section (`mtfl:`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pipeline.config import MethodParams
 
 
 class MTFLParams(MethodParams):
     homogeneous_only: ClassVar[bool] = True  # averages model parameters
+
+    # before_local: the round's figure is MTFL's own reading, the new global shared tensors with the
+    # client's private BatchNorm, before any local training on them; after_local: the client's model as
+    # its local training left it (the other reading is kept as a round metric either way)
+    eval: Literal["before_local", "after_local"] = "before_local"
