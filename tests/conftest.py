@@ -338,18 +338,6 @@ def _build_template(path: Path, prefect_api: str) -> str:
     return out.stdout + out.stderr
 
 
-def pytest_collection_modifyitems(config, items):
-    """The longest tests first, so that the short ones fill in at the end (pytest-xdist hands tests out in
-    this order): the end-to-end tests that do not use the built copy, then those that do (by then the
-    background build below is done), then the unit tier. Every test runs in any order."""
-    def tier(item) -> int:
-        if item.get_closest_marker("slow") is None:
-            return 2
-        return 1 if "built_repo" in getattr(item, "fixturenames", ()) else 0
-
-    items.sort(key=tier)  # stable: the file order within each tier
-
-
 def _build_once(shared: Path, api_url: str) -> Path:
     """The template under `shared`, built unless it is there already (the lock: one builder at a time)."""
     from filelock import FileLock
