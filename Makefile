@@ -66,7 +66,7 @@ run: setup
 
 # The whole suite: the unit tier and the end-to-end tier (DVC, Prefect, sweeps, remote runs, the browser),
 # on TEST_WORKERS pytest-xdist workers (each builds its own copy of the repository for the end-to-end tests).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 test: setup browser
