@@ -109,6 +109,18 @@ def batch_order(client: Client, round_: int, params: Params, stream: int = 0) ->
 
 
 @torch.inference_mode()
+def evaluate_with(client: "Client", state: dict[str, torch.Tensor], batch_size: int, strict: bool = True) -> float:
+    """Accuracy on the client's test split of a copy of its model with `state` loaded over it (strict=False:
+    only the tensors `state` names, e.g. shared layers over the client's own BatchNorm); the client's
+    model is untouched. The copy is made outside inference mode, so it loads into normal tensors."""
+    import copy
+
+    with torch.inference_mode(False), torch.no_grad():
+        model = copy.deepcopy(client.model)
+        model.load_state_dict(state, strict=strict)
+    return evaluate_model(model, client.x_test, client.y_test, batch_size)[0]
+
+
 def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
     """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
     model.eval()

@@ -37,7 +37,6 @@ global model's (final exit) mean accuracy over the clients' test splits as `acc_
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,7 @@ import torch
 
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
 from pipeline.federation.averaging import weighted_average
-from pipeline.federation.clients import evaluate_model
+from pipeline.federation.clients import evaluate_with
 from pipeline.federation.contract import (Evaluation, LocalUpdate, Method, Phase, ServerContext, Upload, Wire,
                                           state_bytes)
 from pipeline.federation.ledger import Payload
@@ -192,10 +191,7 @@ class FedAltClient(LocalUpdate):
         accs = (correct.cpu().double() / n).tolist() if n else [float("nan")] * NUM_BLOCKS
         readings = {f"exit{i + 1}": a for i, a in enumerate(accs)}
         (global_state,) = download
-        with torch.inference_mode(False), torch.no_grad():  # normal tensors: the copy loads outside inference mode
-            model = copy.deepcopy(client.model)
-            model.load_state_dict(global_state.arrays)
-        readings["global"] = evaluate_model(model, client.x_test, client.y_test, bs)[0]
+        readings["global"] = evaluate_with(client, global_state.arrays, bs)
         return Evaluation(n, {"acc": accs[-1], **readings})
 
 

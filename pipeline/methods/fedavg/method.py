@@ -15,12 +15,9 @@ Bytes per selected client and round: the nbytes of every state_dict tensor, down
 
 from __future__ import annotations
 
-import copy
-
-import torch
 
 from pipeline.federation.averaging import ParameterAveraging, state_copy
-from pipeline.federation.clients import evaluate_model
+from pipeline.federation.clients import evaluate_model, evaluate_with
 from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -44,11 +41,7 @@ class FedAvgClient(LocalUpdate):
         bs = self.params.train.eval_batch_size
         personalized, n = evaluate_model(client.model, client.x_test, client.y_test, bs)
         (global_params,) = download
-        with torch.no_grad():
-            model = copy.deepcopy(client.model)
-            model.load_state_dict(global_params.arrays)
-        return Evaluation(n, {"personalized": personalized,
-                              "global": evaluate_model(model, client.x_test, client.y_test, bs)[0]})
+        return Evaluation(n, {"personalized": personalized, "global": evaluate_with(client, global_params.arrays, bs)})
 
 
 class FedAvg(ParameterAveraging):

@@ -19,11 +19,9 @@ nbytes of every shared tensor, down and up (the BatchNorm tensors never travel).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from pipeline.federation.clients import evaluate_model
+from pipeline.federation.clients import evaluate_model, evaluate_with
 from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
 from pipeline.federation.averaging import ParameterAveraging
 from pipeline.federation.ledger import Payload
@@ -59,12 +57,8 @@ class MTFLClient(LocalUpdate):
         the client's model: its BatchNorm stays) and after_local (the client's model as it is)."""
         bs = self.params.train.eval_batch_size
         after, n = evaluate_model(client.model, client.x_test, client.y_test, bs)
-        (shared,) = download
-        with torch.no_grad():
-            model = copy.deepcopy(client.model)
-            model.load_state_dict(shared.arrays, strict=False)  # shared tensors only: the BatchNorm is the client's
-        return Evaluation(n, {"before_local": evaluate_model(model, client.x_test, client.y_test, bs)[0],
-                              "after_local": after})
+        (shared,) = download  # shared tensors only: the BatchNorm stays the client's
+        return Evaluation(n, {"before_local": evaluate_with(client, shared.arrays, bs, strict=False), "after_local": after})
 
 
 class MTFL(ParameterAveraging):
