@@ -15,7 +15,6 @@ Bytes per selected client and round: the nbytes of every state_dict tensor, down
 
 from __future__ import annotations
 
-
 from pipeline.federation.averaging import ParameterAveraging, state_copy
 from pipeline.federation.clients import evaluate_model, evaluate_with
 from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
