@@ -184,6 +184,8 @@ def test_a_sweep_runs_its_experiments_two_at_once_into_the_index(repo):
         out = _run([str(BIN / "python"), "-m", "pipeline.experiments.sweeps", "run", "tiny", "--jobs", "2",
                     "-S", "train.algorithms=[local]"], repo)
         assert "| tiny-lr-0.05 | train.lr=0.05 | local |" in out.stdout, out.stdout
+        log = _run(["dvc", "queue", "logs", "tiny-lr-0.05"], repo).stdout  # the experiment's own repro
+        assert "Running stage 'train@local'" in log and "Running stage 'partition'" not in log, log
         con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
         try:
             rows = con.execute("SELECT experiment, changed, algorithm, status FROM runs WHERE experiment IS NOT NULL "

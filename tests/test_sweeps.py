@@ -38,8 +38,8 @@ def test_the_paper_ablation_sweeps_plan_one_experiment_per_value(monkeypatch):
     assert alpha3.settings == {"train.algorithms": ["fedcache", "fd"], "train.hetero_algorithms": [],
                                "partition.alpha": 3}
     cmd = sweeps.queue_command(alpha3)
-    assert cmd[1:7] == ["exp", "run", "--queue", "--force", "-n", "ablation_alpha-alpha-3"]
-    assert cmd[7:] == ["-S", "train.algorithms=[fedcache,fd]", "-S", "train.hetero_algorithms=[]",
+    assert cmd[1:6] == ["exp", "run", "--queue", "-n", "ablation_alpha-alpha-3"]  # no --force: unchanged stages are reused
+    assert cmd[6:] == ["-S", "train.algorithms=[fedcache,fd]", "-S", "train.hetero_algorithms=[]",
                        "-S", "partition.alpha=3"]
     # extra -S flags go to every experiment and win
     assert all(p.settings["train.rounds"] == 3 for p in sweeps.plan("ablation_alpha", ["train.rounds=3"]))
@@ -63,6 +63,29 @@ def test_a_bad_sweep_file_is_refused_naming_file_and_key(tmp_path, monkeypatch, 
     with pytest.raises(ConfigError, match="no sweep 'nope'.*sweeps: bad"):
         sweeps.plan("nope")
     assert sweeps.main(["run", "bad"]) == 2  # nothing queued: DVC is never called
+
+
+def test_a_rerun_sweep_replaces_its_experiments_without_forcing_unchanged_stages(tmp_path, monkeypatch):
+    """What `run` asks DVC, with a stand-in dvc that logs its arguments: an earlier experiment of a planned
+    name is removed first (`--force` on the queue would replace it too, but rerun partition, encode and
+    index in every experiment), then each is queued and the queue run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps/tiny.yaml").write_text("vary:\n  train.lr: [0.05, 0.02]\n")
+    log = tmp_path / "dvc-calls"
+    fake = tmp_path / "dvc"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                    '[ "$1 $2" = "exp list" ] && echo "tiny-lr-0.05 other-experiment"\nexit 0\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sweeps, "dvc_program", lambda: str(fake))
+    assert sweeps.run("tiny", [], jobs=2) == 1  # the stand-in runs nothing, so nothing is published
+    assert log.read_text().splitlines() == [
+        "exp list --name-only",
+        "exp remove tiny-lr-0.05",
+        "exp run --queue -n tiny-lr-0.05 -S train.lr=0.05",
+        "exp run --queue -n tiny-lr-0.02 -S train.lr=0.02",
+        "exp run --run-all --jobs 2"]
 
 
 def test_a_run_records_its_experiment_and_what_it_changed(tmp_path, monkeypatch, mnist):

@@ -8,8 +8,9 @@
 A sweep file, sweeps/<name>.yaml, has `set` (a partial params.yaml applied to every experiment)
 and `vary` ({dotted key: [values]}): one experiment per value, every other key as params.yaml
 (with `set`) has it, named <sweep>-<key>-<value>. `run` checks every experiment's params first
-(an error names the file and key), queues them (`dvc exp run --queue -n NAME -S ...`, replacing
-an experiment of the same name), runs the queue with `dvc exp run --run-all --jobs N`, and prints
+(an error names the file and key), removes an earlier experiment of the same name (`dvc exp
+remove`), queues them (`dvc exp run --queue -n NAME -S ...`; not `--force`, which would also rerun
+every unchanged stage), runs the queue with `dvc exp run --run-all --jobs N`, and prints
 what each experiment's report stage published into this checkout (pipeline.experiments.dvc): its
 runs are in results/results.duckdb, tagged with the experiment's name and the params it changed,
 for the dashboard to show side by side.
@@ -110,7 +111,7 @@ def dvc_env() -> dict[str, str]:
 
 
 def queue_command(exp: Planned) -> list[str]:
-    cmd = [dvc_program(), "exp", "run", "--queue", "--force", "-n", exp.name]
+    cmd = [dvc_program(), "exp", "run", "--queue", "-n", exp.name]
     for flag in flags(exp.settings):
         cmd += ["-S", flag]
     return cmd
@@ -147,6 +148,12 @@ def run(name: str, extra: list[str], jobs: int) -> int:
     from pipeline.results.store import rebuild_index
 
     planned = plan(name, extra)
+    names = subprocess.run([dvc_program(), "exp", "list", "--name-only"], env=dvc_env(), capture_output=True,
+                           text=True, check=True).stdout.split()
+    earlier = [exp.name for exp in planned if exp.name in names]  # this commit's experiments of the same names
+    if earlier:
+        print(shlex.join(cmd := [dvc_program(), "exp", "remove", *earlier]), flush=True)
+        subprocess.run(cmd, env=dvc_env(), check=True)
     for exp in planned:
         shutil.rmtree(EXPERIMENTS / exp.name, ignore_errors=True)  # an earlier run's copies of this experiment
         cmd = queue_command(exp)
