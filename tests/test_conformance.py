@@ -13,7 +13,8 @@ the method allows it, heterogeneous models:
   - every row of its byte ledger weighs what its declared formula (`Method.wire`) says;
   - every key of its params section refuses a value of the wrong type, and an unknown key, naming
     the key in the error;
-  - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15.
+  - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15
+    (pFedMe, a slow starter as its paper sets it, by 0.05).
 """
 
 from __future__ import annotations
@@ -217,8 +218,13 @@ def test_it_learns_on_tiny_mnist(tmp_path, monkeypatch, mnist, method):
     trainer = _trainer(tiny(params, method), part, mnist, method, "learn")
     summary = trainer.run()
     initial = trainer.history[0][1]
-    # 14 x 14 digits, seeds 0-2, every method: a gain of 0.27 or more (the least: pfedme at seed 1, 0.056 -> 0.334)
-    assert summary["maua"] > initial + 0.15, trainer.history
+    # 14 x 14 digits, seeds 0-2: every method but pfedme gains 0.27 or more
+    assert summary["maua"] > initial + LEARNING_GAIN.get(method, 0.15), trainer.history
+
+
+# pFedMe as its official code (K steps at personal_lr 0.09 with lambda 15 holding theta near a young w)
+# learns slowly in 3 rounds: gains 0.107-0.141 on seeds 0-3 at 14 x 14 with its tiny setting (K = 2)
+LEARNING_GAIN = {"pfedme": 0.05}
 
 
 def test_the_suite_covers_every_method_in_both_settings_it_allows():

@@ -1,4 +1,4 @@
-"""pFedMe: theta trained with the Moreau-envelope term, w moving toward theta after every step, w averaged."""
+"""pFedMe: theta solved with K steps per batch on the Moreau-envelope term, w moving toward theta after each batch, w averaged."""
 
 import duckdb
 import pytest
@@ -19,15 +19,18 @@ def _trainer(params, part, mnist):
                    RunResultsDB(paths.run_results("pfedme")), [paths.PARTITION])
 
 
-def test_w_follows_theta_after_every_step(tiny_workspace, mnist, float64):
-    """Replaying one client's round by hand: theta takes SGD steps on CE + lambda/2 ||theta - w||^2
-    and, after each, w <- w - eta * lambda * (w - theta); the upload is w (with theta's buffers)."""
+def test_a_round_replayed_by_hand(tiny_workspace, mnist, float64):
+    """Replaying one client's round by hand: on every batch, K plain gradient steps on theta at the personal
+    learning rate on CE + lambda/2 ||theta - w||^2 + mu/2 ||theta||^2, then once w <- w - eta * lambda * (w - theta);
+    the upload is w (with theta's buffers). train.lr and the train section's momentum play no part."""
     _, params, part = tiny_workspace
-    params = with_section(params, "train", momentum=0.0, weight_decay=0.0, fresh_optimizer=False)
+    params = with_section(params, "pfedme", K=3, personal_lr=0.05, mu=0.01)
+    params = with_section(params, "train", lr=7.0, momentum=0.9)  # would blow up if theta's solver used them
     trainer = _trainer(params, part, mnist)
     client = trainer.clients[0]
     glob = state_copy(client.model)
     local = PFedMeClient(params, part.num_classes)
+    local.prepare(client)
     upload = SequentialExecutor.run_client(local, client, [Payload("params", glob)], 1)
 
     # by hand, from the same start and the same batches
@@ -37,23 +40,29 @@ def test_w_follows_theta_after_every_step(tiny_workspace, mnist, float64):
     theta = trainer.clients[1].model  # a scratch model of the same architecture
     theta.load_state_dict(glob)
     w = {n: p.detach().clone() for n, p in theta.named_parameters()}
-    lam, eta, lr = params.pfedme.lambda_, params.pfedme.eta, params.train.lr
+    p = params.pfedme
     theta.train()
-    for idx in batch_order(client, 1, params, 0):
-        prox = sum(((p - w[n]) ** 2).sum() for n, p in theta.named_parameters())
-        loss = (ce_rows(theta(client.x_train[idx]), client.y_train[idx]) + lam / 2 * prox).sum() / len(idx)
-        grads = torch.autograd.grad(loss, list(theta.parameters()))
+    batches = batch_order(client, 1, params, 0)
+    for idx in batches:
+        for _ in range(p.K):
+            prox = sum(((q - w[n]) ** 2).sum() for n, q in theta.named_parameters())
+            loss = (ce_rows(theta(client.x_train[idx]), client.y_train[idx]) + p.lambda_ / 2 * prox).sum() / len(idx)
+            grads = torch.autograd.grad(loss, list(theta.parameters()))
+            with torch.no_grad():
+                for q, g in zip(theta.parameters(), grads):
+                    q.sub_(p.personal_lr * (g + p.mu * q))
         with torch.no_grad():
-            for p, g in zip(theta.parameters(), grads):
-                p.sub_(lr * g)
-            for n, p in theta.named_parameters():
-                w[n] -= eta * lam * (w[n] - p)
+            for n, q in theta.named_parameters():
+                w[n] -= p.eta * p.lambda_ * (w[n] - q)
     sent = upload.payloads[0].arrays
-    for n, p in theta.named_parameters():
-        assert p.dtype == torch.float64  # the replay and the method agree to float64's precision, on any CPU
-        assert torch.allclose(client.model.state_dict()[n], p, rtol=1e-7, atol=1e-9), n  # theta
+    assert len(batches) > 1
+    for n, q in theta.named_parameters():
+        assert q.dtype == torch.float64  # the replay and the method agree to float64's precision, on any CPU
+        assert torch.allclose(client.model.state_dict()[n], q, rtol=1e-7, atol=1e-9), n  # theta
         assert torch.allclose(sent[n], w[n], rtol=1e-7, atol=1e-9), n  # the upload is w, not theta
-    assert any(not torch.allclose(sent[n], p) for n, p in theta.named_parameters())  # w lags behind theta
+    for n, buf in theta.named_buffers():  # theta's BatchNorm statistics: K forward passes per batch
+        assert torch.allclose(sent[n], buf.detach(), rtol=1e-7, atol=1e-9), n
+    assert any(not torch.allclose(sent[n], q) for n, q in theta.named_parameters())  # w lags behind theta
 
 
 @pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
@@ -70,12 +79,13 @@ def test_pfedme_learns_and_counts_full_models(learning_workspace, mnist):
     K = len(trainer.clients)
     assert sorted(rows) == sorted((r, k, d, "params", model_bytes) for r in range(1, 4) for k in range(K)
                                   for d in ("down", "up"))
-    # learns (measured: 0.045 -> 0.334; the Moreau term with lambda 15 slows it against FedAvg's 0.448)
-    assert summary["maua"] > max(0.25, accs[0] + 0.15), accs
+    # learns. Measured on seeds 0-5 (K = 5 at personal_lr 0.09, the official setting): MAUA 0.18-0.26 from
+    # 0.045-0.104 at round 0, gains 0.088-0.207; the Moreau term with lambda 15 keeps theta near a young w
+    assert summary["maua"] > max(0.15, accs[0] + 0.05), accs
     assert trainer.executor.name == "sequential"
 
 
-@pytest.mark.parametrize("key, value", [("eta", 0), ("lambda", -1), ("beta", 3)])
+@pytest.mark.parametrize("key, value", [("eta", 0), ("lambda", -1), ("beta", 3), ("K", 0), ("personal_lr", 0), ("mu", -1)])
 def test_bad_pfedme_params_are_refused(default_params_raw, key, value):
     from pipeline.config import ConfigError, parse_params
 

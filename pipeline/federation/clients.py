@@ -108,6 +108,11 @@ def batch_order(client: Client, round_: int, params: Params, stream: int = 0) ->
     return out
 
 
+def phase_batches(client: Client, round_: int, params: Params, stream: int = 0, repeat: int = 1) -> list[torch.Tensor]:
+    """A pass's batches as the executors step them: `batch_order`, each batch `repeat` times in a row."""
+    return [idx for idx in batch_order(client, round_, params, stream) for _ in range(repeat)]
+
+
 @torch.inference_mode()
 def evaluate_with(client: "Client", state: dict[str, torch.Tensor], batch_size: int, strict: bool = True) -> float:
     """Accuracy on the client's test split of a copy of its model with `state` loaded over it (strict=False:

@@ -48,12 +48,14 @@ class Phase:
     """One pass (train.local_epochs epochs) of local training.
 
     `stream` picks the seeded batch order (stream 0 is the order every method's first pass
-    uses); `trainable` says which parameters (by name) this pass updates (None: all).
+    uses); `trainable` says which parameters (by name) this pass updates (None: all); `repeat`
+    takes each batch that many times in a row (pFedMe's inner solver: K steps on one batch).
     """
 
     stream: int = 0
     trainable: Callable[[str], bool] | None = None
     name: str = "train"
+    repeat: int = 1
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from pipeline.federation.contract import Evaluation, LocalUpdate, Phase, Step, Upload
-from pipeline.federation.clients import Client, batch_order
+from pipeline.federation.clients import Client, phase_batches
 from pipeline.federation.ledger import Payload
 from pipeline.progress import BarFactory, no_bar
 
@@ -101,7 +101,7 @@ class SequentialExecutor:
         for phase in local.phases(round_):
             client.model.train()
             with trainable_only(client.model, phase.trainable):
-                for idx in batch_order(client, round_, local.params, phase.stream):
+                for idx in phase_batches(client, round_, local.params, phase.stream, phase.repeat):
                     dev = idx.to(client.x_train.device)
                     ids = client.ids[idx]
 
@@ -165,7 +165,7 @@ class GroupRun:
         self.phase = phase
         self.model.train()
         batch = self.local.params.train.batch_size
-        per_client = [batch_order(c, self.round, self.local.params, phase.stream) for c in self.clients]
+        per_client = [phase_batches(c, self.round, self.local.params, phase.stream, phase.repeat) for c in self.clients]
         S = max(len(b) for b in per_client)
         self.index = torch.full((len(self.clients), S, batch), self.pad, dtype=torch.long)
         self.sizes = torch.zeros(len(self.clients), S, dtype=torch.long)

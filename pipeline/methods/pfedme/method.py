@@ -1,29 +1,33 @@
 """pFedMe: personalized FL with Moreau envelopes (Dinh et al., NeurIPS 2020), as one of the FedCache
 paper's compared methods (section 5.1.4: eta = 0.005, lambda = 15, beta = 1).
 
-Each client keeps two models: its personal model theta (the one trained step by step and the
-one evaluated: pFedMe's personalized reading) and its local copy w of the global model. One
-round, for every selected client:
+Each client keeps two models: its personal model theta (the one trained and the one evaluated:
+pFedMe's personalized reading) and its local copy w of the global model. One round, for every
+selected client:
   1. receive the global parameters w_g (and BatchNorm buffers): theta <- w_g, w <- w_g;
-  2. for every batch of one local epoch: one SGD step on theta (train.lr, momentum, weight
-     decay) on CE(theta(x), y) + lambda/2 * ||theta - w||^2, then the local copy moves toward it:
-     w <- w - eta * lambda * (w - theta);
+  2. for every batch of one local epoch, solve theta's Moreau-envelope problem approximately with
+     K plain gradient steps on that same batch (`pfedme.K`, at `pfedme.personal_lr`, with the
+     official optimizer's L2 term `pfedme.mu`):
+       theta <- theta - personal_lr * (grad CE(theta(x), y) + lambda * (theta - w) + mu * theta),
+     then move the local copy toward it once: w <- w - eta * lambda * (w - theta);
   3. upload w (and theta's BatchNorm buffers).
 The server: w_g <- (1 - beta) * w_g + beta * (sample-weighted mean of the uploads); beta = 1 is
-plain averaging.
+plain averaging. As the paper's algorithm 1 and its official code (userpFedMe.py,
+pFedMeOptimizer); a round is train.local_epochs epochs of batches here, where the official code
+takes `local_epochs` single batches.
 
-Departure (README "pFedMe"): the paper solves theta's Moreau-envelope problem with K inner
-steps per batch (K = 5 in its experiments); the executor takes one optimizer step per batch, so
-K = 1 here. Homogeneous only; the sequential executor (the w update after every step needs the
-client's own theta, which the vectorized executor does not expose). Bytes: every state_dict
-tensor down and up, as FedAvg.
+The K steps are the phase's `repeat` (each batch taken K times in a row by the executor); theta's
+optimizer is a plain SGD at personal_lr with weight decay mu, which `prepare` gives the client in
+place of the train section's (momentum-)SGD. Homogeneous only; the sequential executor (w moves
+after every K steps toward the client's own theta, which the vectorized executor does not expose).
+Bytes: every state_dict tensor down and up, as FedAvg.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, ServerContext, Upload
+from pipeline.federation.contract import LocalUpdate, Phase, ServerContext, Upload
 from pipeline.federation.averaging import ParameterAveraging, state_copy
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -34,32 +38,39 @@ class PFedMeClient(LocalUpdate):
         super().__init__(params, num_classes)
         self.p = params.pfedme
         self.w: dict[str, torch.Tensor] = {}  # the local copy of the client in training (one client at a time)
-        self.stepped = False  # an optimizer step on theta was taken since w last moved
+        self.steps = 0  # steps taken on theta this round (K per batch)
+
+    def prepare(self, client):
+        """theta's solver: plain gradient steps at the personal learning rate, mu as weight decay."""
+        client.optimizer = torch.optim.SGD(client.model.parameters(), lr=self.p.personal_lr, momentum=0.0,
+                                           weight_decay=self.p.mu)
+
+    def phases(self, round_):
+        return [Phase(repeat=self.p.K)]
 
     def begin(self, client, download, round_):
         (glob,) = download
         client.model.load_state_dict(glob.arrays)  # theta <- w_g
-        client.optimizer.state.clear()
         self.w = {n: p.detach().clone() for n, p in client.model.named_parameters()}  # w <- w_g
-        self.stepped = False
+        self.steps = 0
         return {}
 
     def _move_w(self, model) -> None:
-        """w <- w - eta * lambda * (w - theta), with theta as it is after the last step."""
+        """w <- w - eta * lambda * (w - theta), with theta as it is after a batch's K steps."""
         rate = self.p.eta * self.p.lambda_
         with torch.no_grad():
             for n, theta in model.named_parameters():
                 self.w[n].sub_(rate * (self.w[n] - theta))
 
     def loss(self, model, step, phase):
-        if self.stepped:
+        if self.steps and self.steps % self.p.K == 0:  # the previous batch's K steps are done
             self._move_w(model)
-        self.stepped = True  # the executor steps theta on this loss
+        self.steps += 1  # the executor steps theta on this loss
         prox = sum(((theta - self.w[n]) ** 2).sum() for n, theta in model.named_parameters())
         return ce_rows(model(step.x), step.y) + self.p.lambda_ / 2 * prox  # the same prox term on every row
 
     def end(self, client, targets, records, round_):
-        if self.stepped:
+        if self.steps:
             self._move_w(client.model)
         state = state_copy(client.model)  # theta's BatchNorm buffers, w's parameters
         state.update({n: t.detach().cpu().clone() for n, t in self.w.items()})

@@ -11,7 +11,11 @@ from pipeline.config import MethodParams
 
 class PFedMeParams(MethodParams):
     homogeneous_only: ClassVar[bool] = True  # averages model parameters
+    tiny_setting: ClassVar[dict] = {"K": 2}  # two inner steps still exercise w moving once per batch
 
     eta: float = Field(0.005, gt=0, allow_inf_nan=False)
     lambda_: float = Field(15.0, gt=0, allow_inf_nan=False, alias="lambda")
     beta: float = Field(1.0, gt=0, le=2, allow_inf_nan=False)
+    K: int = Field(5, ge=1)
+    personal_lr: float = Field(0.09, gt=0, allow_inf_nan=False)
+    mu: float = Field(0.001, ge=0, allow_inf_nan=False)
