@@ -294,7 +294,7 @@ def _seed_prefect_db(home: Path) -> None:
     """A Prefect database with its schema in place, for a copy's PREFECT_HOME: a copy (SQLite's backup) of
     this checkout's (the session servers'). A fresh one spends about 20 s on 2 cores applying Prefect's schema migrations; the
     copies' stages would each pay that once. (A fresh database is still migrated where a clone's first
-    server starts: the session's own server on a fresh clone, and `make server` in tests/test_remote_runs.py.)"""
+    server starts: the session's own server on a fresh clone.)"""
     import os
     import sqlite3
 

