@@ -1,9 +1,12 @@
 """The dask executor (`train.executor: dask`) computes what the sequential one does.
 
 As in the conformance suite (tests/test_conformance.py), for every method in the registry: two
-real runs on the tiny MNIST setting at 14 x 14 pixels (3 uneven clients, 2 rounds, batch 8, float64, the method's
-`tiny_setting`) must give a byte-identical ledger, the same per-client accuracies and the same
-weights. The dask runs join the multi-machine layout on one machine: a scheduler and 2
+real runs of one round on the tiny MNIST setting at 14 x 14 pixels (3 uneven clients, batch 8, float64,
+the method's `tiny_setting`) must give a byte-identical ledger, the same per-client accuracies and the
+same checkpoint: every client's weights, optimizer and state, and the server half's state folded from
+the uploads that came back. That is everything the next round starts from, so a later round on either
+executor starts equal (tests/test_conformance.py checks that a run resumed from a checkpoint ends as
+an uninterrupted one does). The dask runs join the multi-machine layout on one machine: a scheduler and 2
 workers started here as separate processes on 127.0.0.1 (one set for the whole module: starting
 workers takes seconds), through `train.dask_address`. The local cluster the executor starts
 itself when no address is given is started, and stopped by a failing round, in its own test.
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import flows  # noqa: F401  (Prefect's offline-safe settings, as in a stage)
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -56,6 +60,25 @@ def _train(trainer: Trainer, rounds: int = 2) -> list[tuple[int, float, int]]:
     for r in range(1, rounds + 1):
         trainer.run_round(r)
     return trainer.sim.evaluate(rounds)[0]
+
+
+def _assert_same(got, want, where: str) -> None:
+    """Nested dicts / lists of tensors and plain values: equal, tensors to float64's last digits."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype, where
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-7, msg=lambda m: f"{where}: {m}")
+    elif isinstance(want, np.ndarray):
+        np.testing.assert_array_equal(got, want, err_msg=where)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            _assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
 
 
 def _wait_until(condition, seconds: float, what: str, poll: float = 0.1) -> None:
@@ -161,20 +184,18 @@ def test_dask_equals_sequential(tiny_workspace, mnist, float64, separate_cluster
     sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
 
-    rows_seq, rows_dask = _train(seq), _train(dask)
+    rows_seq, rows_dask = _train(seq, rounds=1), _train(dask, rounds=1)
 
     assert seq.ledger.state_dict() == dask.ledger.state_dict()  # byte-identical ledger
     assert [(k, n) for k, _, n in rows_seq] == [(k, n) for k, _, n in rows_dask]
     assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-12)
     for c_seq, c_dask in zip(seq.clients, dask.clients):
-        for (name, p), q in zip(c_seq.model.state_dict().items(), c_dask.model.state_dict().values()):
-            assert q.dtype == p.dtype and p.dtype != torch.float32, name  # the workers trained in float64 too
-            torch.testing.assert_close(q, p, atol=1e-9, rtol=1e-7, msg=lambda m, n=name: f"client {c_seq.id} {n}: {m}")
-        opt_seq, opt_dask = c_seq.optimizer.state_dict()["state"], c_dask.optimizer.state_dict()["state"]
-        assert opt_seq.keys() == opt_dask.keys()  # momentum came back too
-        for i in opt_seq:
-            torch.testing.assert_close(opt_dask[i]["momentum_buffer"], opt_seq[i]["momentum_buffer"], atol=1e-9,
-                                       rtol=1e-7)
+        assert all(p.dtype != torch.float32 for p in c_dask.model.state_dict().values())  # the workers trained in float64
+    # everything a checkpoint holds, as the next round would start from it: every client's model, optimizer
+    # (momentum came back) and state, and the server half's state folded from the uploads that came back
+    state_seq, state_dask = seq._state(1), dask._state(1)
+    for key in ("clients", "algorithm", "ledger", "history"):
+        _assert_same(state_dask[key], state_seq[key], key)
     last = joined.last_round["clients"]
     assert sorted(last) == [0, 1, 2] and all(s["bytes_to"] > 0 and s["worker"].startswith("tcp://")
                                              for s in last.values())

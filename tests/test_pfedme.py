@@ -4,7 +4,7 @@ import duckdb
 import pytest
 import torch
 
-from conftest import with_section
+from conftest import tiny, with_section
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.federation.averaging import state_copy
@@ -65,23 +65,18 @@ def test_a_round_replayed_by_hand(tiny_workspace, mnist, float64):
     assert any(not torch.allclose(sent[n], q) for n, q in theta.named_parameters())  # w lags behind theta
 
 
-@pytest.mark.slow  # learning: rounds of real training (the fast tier leaves it out)
-def test_pfedme_learns_and_counts_full_models(learning_workspace, mnist):
-    _, params, part = learning_workspace
-    trainer = _trainer(params, part, mnist)
+@pytest.mark.slow  # two rounds of a whole run (the conformance suite checks that pFedMe learns)
+def test_pfedme_counts_full_models_down_and_up(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    trainer = _trainer(tiny(params, "pfedme"), part, mnist)
     summary = trainer.run()
     model_bytes = sum(t.nbytes for t in trainer.clients[0].model.state_dict().values())
     with duckdb.connect(str(paths.run_results("pfedme")), read_only=True) as con:
         rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ?",
                            [summary["run_id"]]).fetchall()
-        accs = [a for (a,) in con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round",
-                                          [summary["run_id"]]).fetchall()]
     K = len(trainer.clients)
-    assert sorted(rows) == sorted((r, k, d, "params", model_bytes) for r in range(1, 4) for k in range(K)
-                                  for d in ("down", "up"))
-    # learns. Measured on seeds 0-5 (K = 5 at personal_lr 0.09, the official setting): MAUA 0.18-0.26 from
-    # 0.045-0.104 at round 0, gains 0.088-0.207; the Moreau term with lambda 15 keeps theta near a young w
-    assert summary["maua"] > max(0.15, accs[0] + 0.05), accs
+    assert sorted(rows) == sorted((r, k, d, "params", model_bytes) for r in range(1, params.train.rounds + 1)
+                                  for k in range(K) for d in ("down", "up"))
     assert trainer.executor.name == "sequential"
 
 
