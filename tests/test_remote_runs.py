@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+import psutil
 import pytest
 import yaml
 
@@ -45,16 +46,32 @@ def started(cmd: list[str], cwd: Path, env: dict, log: Path):
     try:
         yield proc
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole process group, then SIGKILL to whatever of it is left after 30 s: `make`
+    exits at once, while the Prefect worker it started shuts down on its own time (once, it never did)."""
+    def members() -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter():
             try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=30)
-                break
-            except subprocess.TimeoutExpired:
+                if os.getpgid(p.pid) == proc.pid:
+                    out.append(p)
+            except (ProcessLookupError, psutil.Error):
                 continue
+        return out
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        _, alive = psutil.wait_procs(members(), timeout=30)
+        if not alive:
+            break
+    proc.wait(timeout=30)
+    assert not members(), f"processes of {proc.args} outlived SIGKILL"
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
