@@ -50,8 +50,9 @@ def started(cmd: list[str], cwd: Path, env: dict, log: Path):
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the whole process group, then SIGKILL to whatever of it is left after 30 s: `make`
-    exits at once, while the Prefect worker it started shuts down on its own time (once, it never did)."""
+    """SIGTERM to the whole process group, then SIGKILL to whatever of it is left after 10 s: `make`
+    exits at once, while the Prefect worker or server it started shuts down on its own time (a worker once
+    never did; a server retrying a locked database took over 30 s)."""
     def members() -> list[psutil.Process]:
         out = []
         for p in psutil.process_iter():
@@ -67,7 +68,7 @@ def stop_group(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
-        _, alive = psutil.wait_procs(members(), timeout=30)
+        _, alive = psutil.wait_procs(members(), timeout=10)
         if not alive:
             break
     proc.wait(timeout=30)
