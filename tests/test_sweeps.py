@@ -86,6 +86,11 @@ def test_a_rerun_sweep_replaces_its_experiments_without_forcing_unchanged_stages
         "exp run --queue -n tiny-lr-0.05 -S train.lr=0.05",
         "exp run --queue -n tiny-lr-0.02 -S train.lr=0.02",
         "exp run --run-all --jobs 2"]
+    # a dvc that cannot list (no git repository, say): a clear error and nothing queued
+    log.unlink()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho "not a git repository" >&2\nexit 1\n')
+    assert sweeps.run("tiny", [], jobs=2) == 1
+    assert log.read_text().splitlines() == ["exp list --name-only"]
 
 
 def test_a_run_records_its_experiment_and_what_it_changed(tmp_path, monkeypatch, mnist):

@@ -148,12 +148,18 @@ def run(name: str, extra: list[str], jobs: int) -> int:
     from pipeline.results.store import rebuild_index
 
     planned = plan(name, extra)
-    names = subprocess.run([dvc_program(), "exp", "list", "--name-only"], env=dvc_env(), capture_output=True,
-                           text=True, check=True).stdout.split()
-    earlier = [exp.name for exp in planned if exp.name in names]  # this commit's experiments of the same names
+    listed = subprocess.run([dvc_program(), "exp", "list", "--name-only"], env=dvc_env(), capture_output=True,
+                            text=True)
+    if listed.returncode != 0:
+        print(f"error: could not list this commit's DVC experiments (dvc exp list): {listed.stderr.strip()}",
+              file=sys.stderr)
+        return 1
+    earlier = [exp.name for exp in planned if exp.name in listed.stdout.split()]  # experiments of the same names
     if earlier:
         print(shlex.join(cmd := [dvc_program(), "exp", "remove", *earlier]), flush=True)
-        subprocess.run(cmd, env=dvc_env(), check=True)
+        if subprocess.call(cmd, env=dvc_env()) != 0:
+            print(f"error: could not remove the earlier experiment(s) {', '.join(earlier)}", file=sys.stderr)
+            return 1
     for exp in planned:
         shutil.rmtree(EXPERIMENTS / exp.name, ignore_errors=True)  # an earlier run's copies of this experiment
         cmd = queue_command(exp)
