@@ -22,6 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -265,9 +266,13 @@ class Snapshot:
     # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
     ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
 
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        """run_id -> label (a dict: the views look labels up hundreds of times a page)."""
+        return dict(zip(self.runs["run_id"], self.runs["label"]))
+
     def label(self, run_id: str) -> str:
-        hit = self.runs.loc[self.runs["run_id"] == run_id, "label"]
-        return hit.iloc[0] if len(hit) else run_id
+        return self.labels.get(run_id, run_id)
 
 
 def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_dir: Path | None = None) -> Snapshot:

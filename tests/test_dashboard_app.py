@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from streamlit.components.v2 import manifest_scanner
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
@@ -30,10 +31,26 @@ def sample(tmp_path_factory):
     return sample_data.build_once(tmp_path_factory.getbasetemp() / "dashboard_sample")  # shared, read-only
 
 
+_installed_components: list | None = None
+
+
+def _scan_once(*args, **kwargs) -> list:
+    """Streamlit's scan of every installed package for components, once a process: every new AppTest runs it
+    (about 2 s of reading ~1,000 packages' metadata), and the installed packages do not change under a test."""
+    global _installed_components
+    if _installed_components is None:
+        _installed_components = _scan_components(*args, **kwargs)
+    return list(_installed_components)
+
+
+_scan_components = manifest_scanner.scan_component_manifests
+
+
 @pytest.fixture
 def app(sample, monkeypatch, repo_root):
     """app(**env) -> a run AppTest pointed at the sample inputs (env overrides on top)."""
     monkeypatch.chdir(repo_root)
+    monkeypatch.setattr(manifest_scanner, "scan_component_manifests", _scan_once)
 
     def _make(run: bool = True, **env: str) -> AppTest:
         for k, v in {**sample.env(), "FEDCACHE_DASHBOARD_REFRESH": "0", **env}.items():
