@@ -378,6 +378,18 @@ def pytest_sessionstart(session):
     session.config._background_build.start()
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Long tests first, short ones last, so that the two workers finish together: the end-to-end tests that
+    need no built copy, then those on the built copy (by then built in the background), then the unit tier.
+    (The same order in every worker: pytest-xdist requires it.)"""
+    def group(item) -> int:
+        if "built_repo" in item.fixturenames:
+            return 1
+        return 0 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=group)  # stable: file order within a group
+
+
 def pytest_sessionfinish(session):
     thread = getattr(session.config, "_background_build", None)
     if thread is not None:
