@@ -65,9 +65,10 @@ run: setup
 	$(BIN)/python -m flows.summary
 
 # The whole suite: the unit tier and the end-to-end tier (DVC, Prefect, sweeps, remote runs, the browser),
-# on TEST_WORKERS pytest-xdist workers (each builds its own copy of the repository for the end-to-end tests).
+# on TEST_WORKERS pytest-xdist workers that steal tests from each other so that they finish together
+# (tests/conftest.py puts the long tests first; the end-to-end copy of the repository is built once).
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS)
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test: setup browser
 	$(PYTEST)
