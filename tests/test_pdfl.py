@@ -303,9 +303,29 @@ def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
         assert [last[f"attn:{i}<-{j}"] for j in nbrs] == pytest.approx(w)
 
 
+def test_teacher_diagnostics_are_round_metrics(tiny_workspace, mnist):
+    """Round 1: the student is the initial model (its accuracy on its own samples, by hand), the internal
+    teacher exists, no feedback yet; round 2: the feedback teacher is measured too."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(_params(params), part, mnist)
+    with torch.no_grad():
+        initial = []
+        for c in trainer.clients:
+            c.model.eval()
+            initial.append(float((c.model(c.x_train).argmax(dim=1) == c.y_train).float().mean()))
+    summary = trainer.run()
+    extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
+    by_round = {r: {n: v for rr, n, v in extras if rr == r} for r in (1, 2)}
+    assert by_round[1]["student_acc"] == pytest.approx(sum(initial) / len(initial))
+    assert "external_teacher_acc" not in by_round[1]  # the first feedback copies arrive in round 2
+    assert 0 <= by_round[1]["internal_teacher_acc"] <= 1
+    assert {"student_acc", "internal_teacher_acc", "external_teacher_acc"} <= set(by_round[2])
+    assert all(0 <= by_round[2][k] <= 1 for k in ("student_acc", "internal_teacher_acc", "external_teacher_acc"))
+
+
 @pytest.mark.parametrize("switch", [
-    {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "head_then_body"},
-    {"internal_kd": False, "external_kd": False, "order": "head_then_body"},
+    {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "body_then_head"},
+    {"internal_kd": False, "external_kd": False, "order": "body_then_head"},
 ])
 def test_switches_run(tiny_workspace, mnist, switch):
     _, params, part = tiny_workspace

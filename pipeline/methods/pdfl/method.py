@@ -36,7 +36,7 @@ so the order of clients does not matter):
      samples (calibrated as in 3 only with `external_calibrate`, off by default: the paper
      calibrates the internal teacher): the neighbours' domain expertise, fed back, aligns i's shared representation. No
      feedback yet (round 1) or `external_kd: false` -> CE only. Steps 3/4 are the paper's order
-     (`order: head_then_body`); the default `body_then_head` runs 4 before 3 (README "pDFL": measured better);
+     (`order: head_then_body`, the default); `body_then_head` runs 4 before 3;
   5. external KD, outbound (after i's own training): i takes the copies M_j of its
      `external_peers` highest-weighted neighbours and trains each for `external_steps` SGD steps
      (train.lr / momentum / weight_decay, batch train.batch_size, seeded order, train mode) on
@@ -61,6 +61,9 @@ nbytes of j's state_dict, "knowledge" = C*C*4 (float32 P) + C*8 (int64 n), both 
 "feedback" = nbytes of the optimised copy's state_dict on the edge i -> j (sender i, peer j),
 counted when it is delivered, i.e. in the round of j's next download (t + 1 when j takes part).
 The topology is written to <run_dir>/topology.json (per-round edges when time-varying).
+Diagnostics (round metrics, means over the selected clients): `student_acc`, the client's own model on its
+training samples at the start of the round (as last published); `internal_teacher_acc` and
+`external_teacher_acc`, how often each teacher's argmax is the label on those samples, before calibration.
 """
 
 from __future__ import annotations
@@ -282,10 +285,15 @@ class PDFLClient(LocalUpdate):
             # kept on the client between begin and end: the peer copies it optimises for them (step 5)
             client.state["held"] = [(J[int(a)], models[J[int(a)]]) for a in ranked(w, p.external_peers)]
         targets = {}
+        # diagnostics (round metrics): how often each teacher's argmax is the label, before calibration,
+        # next to the client's own model at the start of the round (from its last publish)
+        diag = {"student_acc": float(client.state["train_acc"])}
         if p.internal_kd:  # the teacher needs the chosen neighbours' outputs on every sample
             chosen = ranked(w, p.top_k).tolist()
             probs = torch.stack([full[J[a]] if J[a] in full else outputs(J[a]) for a in chosen])
             targets["internal"] = internal_teacher(probs, w[chosen].to(probs.device), y, len(chosen))
+            mixed = (w[chosen].to(probs.dtype)[:, None, None] * probs).sum(dim=0)
+            diag["internal_teacher_acc"] = accuracy(mixed, y)
         if p.external_kd:
             if feedback:
                 t_ext = 0
@@ -293,10 +301,12 @@ class PDFLClient(LocalUpdate):
                     scratch.load_state_dict(state)
                     t_ext = t_ext + soft_outputs(scratch, x, p.T, bs)
                 t_ext = t_ext / len(feedback)
+                diag["external_teacher_acc"] = accuracy(t_ext, y)
                 targets["external"] = calibrate(t_ext, y) if p.external_calibrate else t_ext
             else:  # NaN rows: no teacher (every client returns the same keys, as the vectorized executor needs)
                 targets["external"] = torch.full((n, self.num_classes), float("nan"), dtype=x.dtype,
                                                  device=x.device)
+        client.state["diag"] = diag
         return targets
 
     def loss(self, model, step, phase):
@@ -317,6 +327,7 @@ class PDFLClient(LocalUpdate):
         p = self.p
         soft = soft_outputs(client.model, client.x_train, p.T, self.params.train.eval_batch_size)
         client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, self.num_classes)
+        client.state["train_acc"] = torch.tensor(accuracy(soft, client.y_train))  # for the next round's diagnostics
         feedback = {}
         held = client.state.pop("held", [])
         if held:
@@ -326,12 +337,19 @@ class PDFLClient(LocalUpdate):
                 feedback[j] = external_copy(scratch, state, client.x_train, client.y_train, soft, self.params, gen)
         return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
                             "model": model_state(client.model), "neighbours": client.state["neighbours"],
-                            "weights": client.state["weights"], "feedback": feedback})
+                            "weights": client.state["weights"], "feedback": feedback,
+                            "diagnostics": client.state.pop("diag", {})})
 
 
 def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
     soft = soft_outputs(client.model, client.x_train, T, batch_size)
     client.state["soft"], client.state["counts"] = class_knowledge_from(soft, client.y_train, num_classes)
+    client.state["train_acc"] = torch.tensor(accuracy(soft, client.y_train))
+
+
+def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
+    """Share of rows whose argmax is the label."""
+    return float((probs.argmax(dim=1) == y).float().mean()) if len(y) else float("nan")
 
 
 class PDFL(Method):
@@ -397,6 +415,12 @@ class PDFL(Method):
             for j, state in up.kept["feedback"].items():  # the latest per directed pair i -> j
                 self.feedback.setdefault(j, {})[i] = state
         stats["attention_max"] = sum(maxima) / max(len(maxima), 1)
+        # mean over the clients that had each teacher this round (diagnostics: is a teacher ahead of the student?)
+        for key in ("student_acc", "internal_teacher_acc", "external_teacher_acc"):
+            values = [up.kept["diagnostics"][key] for up in uploads.values()
+                      if not math.isnan(up.kept["diagnostics"].get(key, float("nan")))]
+            if values:
+                stats[key] = sum(values) / len(values)
 
     def report(self, round_, evaluations):
         rows, _ = super().report(round_, evaluations)

@@ -24,7 +24,7 @@ class PDFLParams(MethodParams):
     attention_steps: int = Field(20, ge=0)
     attention_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
     attention_samples: int | None = Field(64, ge=1)
-    order: Literal["head_then_body", "body_then_head"] = "body_then_head"
+    order: Literal["head_then_body", "body_then_head"] = "head_then_body"
     internal_kd: bool = True
     external_kd: bool = True
     external_peers: int = Field(2, ge=1)
