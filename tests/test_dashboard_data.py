@@ -236,6 +236,27 @@ def test_damaged_files_are_named_with_the_command_that_rebuilds_them(sample, tmp
     assert f"`{run.path}`" in str(err.value) and "dvc repro -s -f train-hetero@fd" in str(err.value)
 
 
+def test_a_damaged_block_is_damaged_not_locked(tmp_path):
+    """DuckDB reports a bad block as "checksum ... in block at location ...": damaged, with the rebuild
+    command, and at once (a busy file would be retried until the timeout)."""
+    from pipeline.results.store import ResultsDB
+
+    index = tmp_path / "results.duckdb"
+    db = ResultsDB(index)
+    db.start_run("fd-1", "fd", "mnist", "homo", {}, "abc")
+    db.write_round("fd-1", 0, 0.5, 10, 10, 1.0, [(0, 0.5, 10)], [], {})
+    raw = bytearray(index.read_bytes())
+    header = 3 * 4096  # DuckDB's file header and its two database headers; then the blocks, the catalog's first
+    raw[header:header + 4096] = bytes(b ^ 0xFF for b in raw[header:header + 4096])
+    index.write_bytes(bytes(raw))
+    start = time.monotonic()
+    with pytest.raises(data.ResultsDamaged) as err:
+        data.load_runs(index, timeout_s=30)
+    assert time.monotonic() - start < 15, "retried as if a writer held the file"
+    assert "block" in str(err.value) and "locked" not in str(err.value)
+    assert f"python -m pipeline.results.store rebuild --index {index}" in str(err.value)
+
+
 def test_locked_per_run_file_reports_busy(tmp_path):
     from pipeline.results.store import RunResultsDB
 

@@ -25,6 +25,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -120,10 +121,15 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+# DuckDB says "Could not set lock on file ...: Conflicting lock is held in ..." (an IOException, the type it
+# also raises for a truncated or foreign file, so the words tell them apart); "lock" as a whole word: a
+# damaged file's "checksum ... in block at location ..." is not a lock
+_BUSY = re.compile(r"\block(ed)?\b|already attached|\bin use\b", re.IGNORECASE)
+
+
 def _busy(why: str) -> bool:
     """Another process holds the file (a lock), or another connection of this one does."""
-    why = why.lower()
-    return "lock" in why or "already attached" in why or "in use" in why
+    return _BUSY.search(why) is not None
 
 
 def _being_created(path: Path) -> bool:
