@@ -330,17 +330,19 @@ def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = Non
 
 
 def default_target(runs: list[RunSeries], snap: Snapshot | None = None) -> float:
-    """The report's target (`report.target_acc` for the dataset, from the first shown run's params),
-    so the table matches results/report/comparison.md; else one every shown run reaches: the
-    lowest MAUA, rounded down to a percent."""
-    if snap is not None and runs:
-        hit = snap.runs.loc[snap.runs["run_id"] == runs[0].run_id, "params"]
-        params = hit.iloc[0] if len(hit) else {}
-        target = params.get("report", {}).get("target_acc", {}).get(params.get("data", {}).get("dataset"))
-        if isinstance(target, (int, float)) and 0 < target <= 1:
-            return float(target)
+    """A level every shown run reaches, so that every row's bytes to target and speed-up are measured at
+    that one level: the report's target (`report.target_acc` for the dataset, from the first shown run's
+    params: the table then matches results/report/comparison.md) when every run reaches it, else the
+    lowest MAUA among them, rounded down to a percent."""
     mauas = [s.maua for s in runs if s.maua is not None]
-    return math.floor(min(mauas) * 100) / 100 if mauas else 0.5
+    lowest = math.floor(min(mauas) * 100) / 100 if mauas else 0.5
+    if snap is not None and runs:
+        params = snap.runs.loc[snap.runs["run_id"] == runs[0].run_id, "params"]
+        params = params.iloc[0] if len(params) else {}
+        target = params.get("report", {}).get("target_acc", {}).get(params.get("data", {}).get("dataset"))
+        if isinstance(target, (int, float)) and 0 < target <= lowest:
+            return float(target)
+    return lowest
 
 
 COSTLIEST = ""  # a baseline no algorithm is called: pipeline.results.compare falls back to the costliest run reaching the target

@@ -98,8 +98,9 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
             "bytes_setup": number("bytes set-up"),
             "bytes_to_target": number(f"bytes to {target:.0%}",
                                       help="cumulative bytes when the mean accuracy first reaches the target"),
-            "speedup": number("speed-up", help="bytes the baseline (same setting) needs to reach the level in 'vs' "
-                                               "over this run's bytes to reach it"),
+            "speedup": number(f"speed-up to {target:.0%}",
+                              help="bytes the baseline (same setting) needs to reach the level in 'vs' "
+                                   "over this run's bytes to reach it"),
             "speedup_vs": text("vs", help="the baseline run of the same setting and the accuracy compared at: the "
                                           "target, or the baseline's best accuracy when it misses the target"),
         })
@@ -149,7 +150,8 @@ def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], targe
         "final_acc": number("final acc (mean)", format="percent"),
         "bytes_total": number("bytes total (mean)"),
         "bytes_to_target": number(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
-        "speedup": number("speed-up (mean)", help="mean of the runs' speed-ups against the sidebar's baseline")})
+        "speedup": number(f"speed-up to {target:.0%} (mean)",
+                          help="mean of the runs' speed-ups against the sidebar's baseline")})
     st.caption(f"One row per seed group (runs whose params differ only in `seed`). Bytes to target "
                f"{'include' if include_setup else 'exclude'} the one-time set-up traffic. The CSV has the raw numbers.")
     st.download_button("Download table (CSV)", groups.to_csv(index=False), "comparison_seeds.csv", "text/csv")
