@@ -367,7 +367,7 @@ def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_
 
 
 PAPER_COLUMNS = ["run", "run_id", "table", "maua", "paper_maua", "difference", "gb_total", "gb_to_target",
-                 "paper_gb", "speedup", "paper_speedup", "reference"]
+                 "paper_gb", "speedup", "speedup_why", "paper_speedup", "reference"]
 
 
 def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
@@ -395,14 +395,46 @@ def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup
                 continue
             m = table.loc[rid]
             against_reference = m["speedup_vs"] == reference  # compare falls back to another run when it has none
+            speedup = m["speedup"] if against_reference else None
             rows.append({"run": snap.label(rid), "run_id": rid, "table": p.table, "maua": m["maua"],
                          "paper_maua": p.maua,
                          "difference": None if p.maua is None or m["maua"] is None else (m["maua"] - p.maua) * 100,
                          "gb_total": m["bytes_total"] / 1e9,
                          "gb_to_target": None if pd.isna(m["bytes_to_target"]) else m["bytes_to_target"] / 1e9,
-                         "paper_gb": p.comm_gb, "speedup": m["speedup"] if against_reference else None,
+                         "paper_gb": p.comm_gb, "speedup": speedup,
+                         "speedup_why": "" if speedup is not None and pd.notna(speedup) else
+                         f"no {reference} run selected" if not against_reference else NOT_REACHED,
                          "paper_speedup": p.speedup, "reference": reference})
     return pd.DataFrame(rows, columns=PAPER_COLUMNS)
+
+
+PAPER_PRINTS_NONE = "— (the paper prints '-')"
+
+
+def sortable_paper_table(frame: pd.DataFrame) -> Styler:
+    """paper_frame for people, sorting by its numbers: percentages, bytes in KB/MB/GB (the paper's GB as
+    GB), speed-ups as '12.3x', and '—' with the reason where there is no number."""
+    shown = frame.copy().reset_index(drop=True)
+
+    def percent(v, missing):
+        return missing if v is None or pd.isna(v) else f"{v:.1%}"
+
+    shown["maua"] = [percent(v, "—") for v in frame["maua"]]
+    shown["paper_maua"] = [percent(v, PAPER_PRINTS_NONE) for v in frame["paper_maua"]]
+    shown["difference"] = ["—" if v is None or pd.isna(v) else f"{v:+.1f}" for v in frame["difference"]]
+    shown["gb_total"] = [fmt_bytes(v * 1e9) for v in frame["gb_total"]]
+    shown["gb_to_target"] = [fmt_bytes(None if v is None or pd.isna(v) else v * 1e9, NOT_REACHED)
+                             for v in frame["gb_to_target"]]
+    shown["paper_gb"] = [PAPER_PRINTS_NONE if v is None or pd.isna(v) else f"{v:g} GB" for v in frame["paper_gb"]]
+    shown["speedup"] = [f"{v:.1f}x" if v is not None and pd.notna(v) else f"— ({why})"
+                        for v, why in zip(frame["speedup"], frame["speedup_why"])]
+    shown["paper_speedup"] = [PAPER_PRINTS_NONE if v is None or pd.isna(v) else f"{v:.1f}x"
+                              for v in frame["paper_speedup"]]
+    columns = ["maua", "paper_maua", "difference", "gb_total", "gb_to_target", "paper_gb", "speedup", "paper_speedup"]
+    values = frame.reset_index(drop=True).copy()
+    for col in columns:
+        values[col] = pd.to_numeric(values[col], errors="coerce").astype(float)
+    return shown_as(values.drop(columns=["speedup_why"]), shown, columns)
 
 
 NOT_REACHED = "not reached"
@@ -440,6 +472,15 @@ def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFra
     out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
                          for vs, level in zip(table["speedup_vs"], table["speedup_target"])]
     return out.drop(columns=["speedup_target"])
+
+
+def csv_table(table: pd.DataFrame, include_setup: bool = True) -> str:
+    """comparison_frame as CSV: the raw numbers, and `speedup_note` saying why a speed-up is empty
+    ('no bytes sent' or 'not reached')."""
+    out = table.copy()
+    notes = display_table(table, include_setup)["speedup"]
+    out["speedup_note"] = ["" if pd.notna(v) else note for v, note in zip(table["speedup"], notes)]
+    return out.to_csv(index=False)
 
 
 BYTES_COLUMNS = ["bytes_total", "bytes_setup", "bytes_training", "bytes_to_target"]

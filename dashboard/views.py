@@ -108,7 +108,7 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
                "Speed-up compares runs of the same setting (homo/hetero), against the baseline picked in the sidebar; "
                "a setting without a run of that method falls back to its costliest run reaching the target. "
                "The CSV has the raw numbers (bytes).")
-    st.download_button("Download table (CSV)", table.to_csv(index=False), "comparison.csv", "text/csv")
+    st.download_button("Download table (CSV)", data.csv_table(table, include_setup), "comparison.csv", "text/csv")
 
 
 def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_setup: bool) -> None:
@@ -122,16 +122,17 @@ def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_set
         return
     st.subheader("Beside the FedCache paper")
     number, text = st.column_config.NumberColumn, st.column_config.TextColumn
-    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+    # numbers underneath (a click on a header sorts by them), units and reasons on screen (data.sortable_paper_table)
+    st.dataframe(data.sortable_paper_table(frame), hide_index=True, width="stretch", column_config={
         "run_id": None, "table": number("table", format="%d"),
-        "maua": number("MAUA", format="percent"), "paper_maua": number("paper MAUA", format="percent"),
-        "difference": number("difference (points)", format="%+.1f"),
-        "gb_total": number("GB total", format="%.3f"),
-        "gb_to_target": number(f"GB to {target:.0%}", format="%.3f"),
-        "paper_gb": number("paper GB to its target", format="%g"),
-        "speedup": number("speed-up", format="%.1fx", help="bytes to the target, against the selected run of the "
+        "maua": number("MAUA"), "paper_maua": number("paper MAUA"),
+        "difference": number("difference (points)"),
+        "gb_total": number("bytes total"),
+        "gb_to_target": number(f"bytes to {target:.0%}"),
+        "paper_gb": number("paper GB to its target"),
+        "speedup": number(f"speed-up to {target:.0%}", help="bytes to the target, against the selected run of the "
                                                            "paper's reference method of that table (same setting)"),
-        "paper_speedup": number("paper speed-up", format="%.1fx"),
+        "paper_speedup": number("paper speed-up"),
         "reference": text("reference", help="the paper's reference method of the table: pFedMe (Table 5), "
                                             "FedDKC (Table 6)")})
     st.caption("The paper's figures (paper/fedcache_tables.csv) are at its scale: K = 300 clients, all training "

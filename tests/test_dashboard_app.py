@@ -633,3 +633,9 @@ def test_the_overview_shows_the_papers_figures_beside_the_selected_runs(app, mix
     paper = at.dataframe[1].value
     assert paper["run_id"].tolist() == [ids["fedcache"]] and paper["table"].tolist() == [5]
     assert paper["reference"].tolist() == ["pfedme"] and paper["paper_maua"].isna().all()
+    on_screen = shown(at.dataframe[1])
+    assert "None" not in on_screen.to_string() and "nan" not in on_screen.to_string()
+    row = on_screen.iloc[0]
+    assert row["paper_maua"] == "— (the paper prints '-')"  # a reason, not None
+    assert row["speedup"] == "— (no pfedme run selected)"
+    assert row["gb_total"].endswith((" KB", " MB"))  # a tiny run's bytes with their unit, not "0.000" GB

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -60,6 +61,11 @@ def test_snapshot_views(sample):
     assert snap.clients.query("round == 0 and run_id == @ids[0]")["client_id"].tolist() == list(range(sample_data.K))
     assert fed["bytes_setup"] > 0 and fed["bytes_total"] == fed["bytes_setup"] + fed["bytes_training"]
     assert table.iloc[1]["bytes_total"] == 0
+    csv = pd.read_csv(io.StringIO(data.csv_table(table)), keep_default_na=False).set_index("algorithm")
+    assert csv.at["local", "speedup"] == "" and csv.at["local", "speedup_note"] == "no bytes sent"
+    missed = pd.read_csv(io.StringIO(data.csv_table(data.comparison_frame(snap, ids, target=0.99))),
+                         keep_default_na=False).set_index("algorithm")
+    assert missed.at["fedcache", "speedup_note"] == "not reached"
     curves = data.accuracy_curves(snap, include_setup=False)
     fc = curves[curves["run_id"] == ids[0]]
     assert fc["cum_bytes"].iloc[0] == 0 and fc["cum_bytes"].is_monotonic_increasing
