@@ -202,8 +202,11 @@ def main() -> None:
     cfg = load_config(sys.argv[1:])
     st.title("FedCache: accuracy and bytes communicated")
     try:
-        runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s, cfg.run_files_dir)
+        notices: list[tuple[str, str]] = []  # what was read instead of the index, and why
+        runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s, cfg.run_files_dir, notices)
         st.session_state["_runs"] = runs
+        for kind, text in notices:
+            st.warning(text) if kind == "warning" else st.caption(text)
     except data.NoResults as err:
         st.info(str(err))
         retry_soon(cfg.refresh_s)

@@ -104,9 +104,13 @@ def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
 
 @contextmanager
 def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
-                     runs_dir: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+                     runs_dir: Path | None = None,
+                     notices: list[tuple[str, str]] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection whose views combine the index `path` and its live per-run files (runs_dir,
-    default <index dir>/runs), attached read-only and retried while a writer holds one; closed on exit."""
+    default <index dir>/runs), attached read-only and retried while a writer holds one; closed on exit.
+    An index that is damaged, or holds no run while per-run files exist, is passed over: every per-run
+    file is read instead. `notices` (when given) gets ("warning", text) saying so, with the rebuild command, or
+    ("info", text) when per-run files changed since the index was built (they are read directly)."""
     path = Path(path)
     runs_dir = Path(runs_dir) if runs_dir is not None else path.parent / paths.RUNS.name
     live = live_run_files(path, runs_dir)
@@ -116,32 +120,64 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                         "--results-db.")
     deadline = time.monotonic() + timeout_s
     con = duckdb.connect()
-    files = ([path] if path.is_file() else []) + live
+
+    def attach_or_raise(f: Path, alias: str) -> bool:
+        try:
+            return attach(con, f, alias, max(0.0, deadline - time.monotonic()), poll_s)
+        except ResultsLocked as err:
+            raise ResultsBusy(f"`{f}` is locked by a writer (a training round): {err.why}") from err
+
     try:
-        index, fresh, changed_s = None, [], {}
-        for i, f in enumerate(files):
+        index, problem = None, None
+        if path.is_file():
             try:
-                if not attach(con, f, f"src{i}", max(0.0, deadline - time.monotonic()), poll_s):
+                index = "src_index" if attach_or_raise(path, "src_index") else None
+            except ResultsError as err:
+                if not run_files(runs_dir):
+                    raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
+                                         f"{fix(path)}.") from err
+                problem = f"is damaged ({err.why})"
+            else:
+                empty = index is not None and not _has_runs(con, index)
+                problem = "holds no run" if empty and run_files(runs_dir) else None
+                if problem:
+                    con.execute(f"DETACH {index}")
+                    index = None
+            if problem:
+                live = run_files(runs_dir)
+                if notices is not None:
+                    notices.append(("warning", f"The index `{path}` {problem}: showing the {len(live)} per-run files "
+                                               f"in `{runs_dir}` directly. To make it again, {fix(path)}."))
+            elif live and notices is not None:
+                notices.append(("info", f"{len(live)} per-run file(s) in `{runs_dir}` changed since the index `{path}` "
+                                        f"was built (a run in progress, or one not indexed yet): read directly. "
+                                        f"To fold them into the index, {fix(path)}."))
+        fresh, changed_s = [], {}
+        for i, f in enumerate(live):
+            try:
+                if not attach_or_raise(f, f"src{i}"):
                     continue  # gone meanwhile (a new run replacing its file)
-            except ResultsLocked as err:
-                raise ResultsBusy(f"`{f}` is locked by a writer (a training round): {err.why}") from err
             except ResultsError as err:
                 raise ResultsDamaged(f"`{f}` is damaged or not a results file ({err.why}). To make it again, "
                                      f"{fix(f)}.") from err
-            if f == path:
-                index = f"src{i}"
-            else:
-                fresh.append(f"src{i}")
-                changed_s[f"src{i}"] = _changed_ns(f) / 1e9
+            fresh.append(f"src{i}")
+            changed_s[f"src{i}"] = _changed_ns(f) / 1e9
         _combine(con, index, fresh, changed_s)
         try:
             yield con
         except duckdb.Error as err:  # a file whose header reads but whose data does not
-            names = ", ".join(f"`{f}`" for f in files)
+            names = ", ".join(f"`{f}`" for f in ([path] if index else []) + live)
             raise ResultsDamaged(f"Reading {names} failed ({str(err).splitlines()[0]}). To make the index again, "
                                  f"{fix(path)}; a per-run file: re-run its stage.") from err
     finally:
         con.close()
+
+
+def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
+    """Whether the attached catalog has a runs table with a row (a new file may have no table yet)."""
+    tables = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = 'runs'",
+                         [catalog]).fetchone()[0]
+    return bool(tables) and con.execute(f"SELECT count(*) FROM {catalog}.runs").fetchone()[0] > 0
 
 
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -202,9 +238,11 @@ def run_labels(runs: pd.DataFrame) -> list[str]:
     return [lab if labels.count(lab) == 1 else str(r) for lab, r in zip(labels, runs["run_id"])]
 
 
-def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None) -> pd.DataFrame:
-    """All runs (one row each, params parsed, with n_rounds/last_round and a legend label)."""
-    with connect_readonly(path, timeout_s, runs_dir=runs_dir) as con:
+def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None,
+              notices: list[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """All runs (one row each, params parsed, with n_rounds/last_round and a legend label); see
+    connect_readonly for `notices`."""
+    with connect_readonly(path, timeout_s, runs_dir=runs_dir, notices=notices) as con:
         return _runs_frame(con)
 
 

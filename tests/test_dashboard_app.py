@@ -639,3 +639,22 @@ def test_the_overview_shows_the_papers_figures_beside_the_selected_runs(app, mix
     assert row["paper_maua"] == "— (the paper prints '-')"  # a reason, not None
     assert row["speedup"] == "— (no pfedme run selected)"
     assert row["gb_total"].endswith((" KB", " MB"))  # a tiny run's bytes with their unit, not "0.000" GB
+
+
+def test_a_damaged_index_beside_intact_run_files_shows_them_with_a_warning(app, tmp_path):
+    from pipeline.results.store import RunResultsDB
+
+    for name in ("fedcache", "local"):
+        run = RunResultsDB(tmp_path / "runs" / name / "run.duckdb")
+        run.start_run(f"{name}-1", name, "mnist", "homo", {}, "abc")
+        for r in range(3):
+            run.write_round(f"{name}-1", r, 0.3 + 0.1 * r, 10, 10, 1.0, [(0, 0.3 + 0.1 * r, 10)], [], {})
+        run.finish_run(f"{name}-1")
+    index = tmp_path / "results.duckdb"
+    index.write_bytes(b"not a database" * 1000)
+    at = app(FEDCACHE_RESULTS_DB=index)
+    assert_clean(at)
+    assert not at.error
+    warning = texts(at, "warning")
+    assert f"`{index}` is damaged" in warning and "showing the 2 per-run files" in warning
+    assert sorted(at.dataframe[0].value["run_id"]) == ["fedcache-1", "local-1"]

@@ -554,3 +554,53 @@ def test_runs_beside_the_papers_figures_with_speed_ups_against_the_tables_refere
     hetero = frame.loc["fd-2"]  # Table 6, whose reference (FedDKC) is not selected: no measured speed-up
     assert (hetero["table"], hetero["reference"], hetero["paper_maua"]) == (6, "feddkc", pytest.approx(0.7990))
     assert pd.isna(hetero["speedup"])
+
+
+def _run_files(tmp_path, names=("fedcache", "local")):
+    """Intact per-run files (2 rounds each) under tmp_path/runs, older than any index made after them."""
+    from pipeline.results.store import RunResultsDB
+
+    for name in names:
+        run = RunResultsDB(tmp_path / "runs" / name / "run.duckdb")
+        run.start_run(f"{name}-1", name, "mnist", "homo", {}, "abc")
+        for r in range(3):
+            run.write_round(f"{name}-1", r, 0.3 + 0.1 * r, 10, 10, 1.0, [(0, 0.3 + 0.1 * r, 10)], [], {})
+        run.finish_run(f"{name}-1")
+        _age(run.path, 60)
+
+
+def test_a_damaged_or_empty_index_gives_way_to_the_per_run_files_with_a_warning(tmp_path):
+    from pipeline.results.store import ResultsDB
+
+    _run_files(tmp_path)
+    index = tmp_path / "results.duckdb"
+    index.write_bytes(b"not a database" * 1000)
+    notices = []
+    assert sorted(data.load_runs(index, notices=notices)["run_id"]) == ["fedcache-1", "local-1"]
+    [(kind, text)] = notices
+    assert kind == "warning" and f"`{index}` is damaged" in text and "2 per-run files" in text
+    assert f"python -m pipeline.results.store rebuild --index {index}" in text
+
+    index.unlink()
+    with ResultsDB(index).connect():  # a valid index with no run, newer than the per-run files
+        pass
+    notices = []
+    runs = data.load_runs(index, notices=notices)
+    assert sorted(runs["run_id"]) == ["fedcache-1", "local-1"] and set(runs["n_rounds"]) == {3}
+    assert notices[0][0] == "warning" and "holds no run" in notices[0][1]
+    snap = data.load_snapshot(index, ["fedcache-1"])  # the views read the same files
+    assert snap.rounds["round"].tolist() == [0, 1, 2]
+
+
+def test_per_run_files_newer_than_the_index_are_read_and_named(tmp_path):
+    from pipeline.results.store import rebuild_index
+
+    _run_files(tmp_path, ["fedcache"])
+    index = tmp_path / "results.duckdb"
+    rebuild_index(index)
+    _run_files(tmp_path, ["local"])
+    (tmp_path / "runs" / "local" / "run.duckdb").touch()  # written after the index was built
+    notices = []
+    assert sorted(data.load_runs(index, notices=notices)["run_id"]) == ["fedcache-1", "local-1"]
+    [(kind, text)] = notices
+    assert kind == "info" and "1 per-run file(s)" in text and "rebuild" in text
