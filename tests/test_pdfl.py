@@ -2,6 +2,7 @@
 teacher, bytes per directed edge (model copies, knowledge, feedback) on a tiny real run, the
 attention round metrics, the switches, and an exact resume."""
 
+import copy
 import json
 import math
 
@@ -274,6 +275,28 @@ def test_bytes_per_directed_edge_with_feedback_delivered_next_round(tiny_workspa
     topo = json.loads((paths.run_dir("pdfl") / "topology.json").read_text())
     assert topo["base_edges"] == [[0, 1], [0, 2], [1, 2]] and topo["kind"] == "static"
     assert 0 < summary["maua"] <= 1
+
+
+def test_the_body_phase_teacher_is_the_mean_of_the_delivered_feedback_copies(tiny_workspace, mnist):
+    """Round 2's external teacher on a client's samples, by hand: softmax(F(x) / T) of every feedback copy the
+    network delivers to it (its peers' round-1 optimisation of its round-0 model), averaged; not calibrated."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(_params(params), part, mnist)
+    trainer.start()
+    trainer.run_round(1)
+    delivered = {j: dict(by) for j, by in trainer.algorithm.feedback.items()}
+    downloads = trainer.algorithm.configure(2, [0, 1, 2])
+    client = trainer.clients[0]
+    targets = trainer.sim.local.begin(client, downloads[0], 2)
+    T = params.pdfl.T
+    scratch = copy.deepcopy(client.model).eval()
+    by_hand = []
+    with torch.no_grad():
+        for _, state in sorted(delivered[0].items()):
+            scratch.load_state_dict(state)
+            by_hand.append(torch.softmax(scratch(client.x_train) / T, dim=1))
+    assert len(by_hand) == params.pdfl.external_peers
+    torch.testing.assert_close(targets["external"], torch.stack(by_hand).mean(dim=0))
 
 
 def test_no_feedback_without_external_kd(tiny_workspace, mnist):
