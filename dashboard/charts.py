@@ -26,7 +26,8 @@ KIND_COLORS = {"hashes": ("#8c564b", "#c49c94"), "logits": ("#d62728", "#ff9896"
                "block1": ("#17becf", "#9edae5"), "block2": ("#bcbd22", "#dbdb8d"), "block3": ("#393b79", "#9c9ede")}
 OTHER_KIND_COLORS = [("#637939", "#b5cf6b"), ("#8c6d31", "#e7ba52"), ("#843c39", "#d6616b"), ("#7b4173", "#ce6dbd")]
 DASHES = [[1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [1, 3]]  # solid first: one run per method is always solid
-BYTES_LABEL = "format(datum.value, '~s') + 'B'"  # 1kB, 10MB: no '0M' ticks on log axes
+# 1KB, 10MB: no '0M' ticks on log axes, and KB as the tables write it (d3's SI prefix for 10^3 is 'k')
+BYTES_LABEL = "replace(format(datum.value, '~s'), 'k', 'K') + 'B'"
 
 
 def _stable(name: str, palette: list):
@@ -97,7 +98,8 @@ def traffic_color(values) -> alt.Color:
 
 
 ACC_Y = alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
-BYTES_TIP = alt.Tooltip("cum_bytes:Q", format=",", title="cumulative bytes")
+BYTES_TIP = alt.Tooltip("cum_bytes:Q", format=",", title="cumulative bytes (B)")
+MEAN_ACC_TIP = alt.Tooltip("mean_acc:Q", format=".2%", title="mean accuracy")
 
 
 def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, x: str = "round") -> alt.Chart:
@@ -109,8 +111,7 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     return alt.Chart(curves, title=title).mark_line(point=True).encode(
         x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), alt.Tooltip("cum_s:Q", format=".1f",
-                                                                                  title="wall-clock s"), BYTES_TIP],
+        tooltip=["run", "round", MEAN_ACC_TIP, alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"), BYTES_TIP],
     ).properties(height=HEIGHT)
 
 
@@ -138,12 +139,14 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
     """Log-x lines; runs that send nothing (cumulative 0 B) become dashed rules at their MAUA."""
     runs = _runs_of(curves, runs)
     sent = curves[curves["cum_bytes"] > 0]
+    decades = _decades(sent["cum_bytes"])
     title = "Mean user accuracy vs cumulative bytes (up + down)"
     base = alt.Chart(sent).mark_line(point=True).encode(
-        x=alt.X("cum_bytes:Q", title="cumulative bytes (log)", scale=alt.Scale(type="log", nice=False),
-                axis=alt.Axis(labelExpr=BYTES_LABEL)),
+        # ticks at the decades only (10KB, 100KB, 1MB ...): in-between labels overlapped in SVG/PDF
+        x=alt.X("cum_bytes:Q", title="cumulative bytes (log)", scale=alt.Scale(type="log", domain=[
+            decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL)),
         y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", alt.Tooltip("mean_acc:Q", format=".2%"), BYTES_TIP],
+        tooltip=["run", "round", MEAN_ACC_TIP, BYTES_TIP],
     ).properties(height=HEIGHT)
     if zero_byte_runs.empty:
         return base.properties(title=title)
@@ -186,7 +189,7 @@ def bytes_by_kind(df: pd.DataFrame, runs: list[str] | None = None) -> alt.Chart:
         y=_log_bytes_y(decades, "bytes (log)"),
         y2=alt.datum(decades[0]),  # bars rise from the axis' bottom decade: a log axis has no 0
         color=traffic_color(df["traffic"]),
-        tooltip=["run", "traffic", alt.Tooltip("bytes:Q", format=",")],
+        tooltip=["run", "traffic", alt.Tooltip("bytes:Q", format=",", title="bytes (B)")],
     ).properties(height=HEIGHT)
 
 
@@ -204,7 +207,7 @@ def bytes_per_round(df: pd.DataFrame, runs: list[str] | None = None) -> alt.Laye
         domain=runs, range=[DASHES[i % len(DASHES)] for i in range(len(runs))])))
     points = base.mark_point(filled=True, size=50).encode(
         shape=alt.Shape("run:N", title="run", legend=legend, scale=alt.Scale(domain=runs)),
-        tooltip=["run", "round", "traffic", alt.Tooltip("bytes:Q", format=",")])
+        tooltip=["run", "round", "traffic", alt.Tooltip("bytes:Q", format=",", title="bytes (B)")])
     return alt.layer(lines, points).properties(title="Bytes per round, all selected runs", height=HEIGHT)
 
 
