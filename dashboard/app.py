@@ -48,16 +48,38 @@ def retry_soon(seconds: float) -> None:
 
 # ----------------------------------------------------------------------------- sidebar
 
-def _keep_valid(key: str, options: list, default: list) -> None:
+def _keep_valid(key: str, options: list, default: list, admit=lambda option, kept: True) -> list:
     """Session value of a multiselect: the default at first, then the user's choice minus options
-    that vanished, plus options that appeared since (a run that just started shows up at once)."""
+    that vanished, plus options that appeared since and that `admit(option, kept)` takes (a run that
+    just started with the selection's set-up shows up at once). Returns the new options not taken."""
     seen = st.session_state.get(f"_{key}_options")
+    left_out = []
     if key not in st.session_state or seen is None:
         st.session_state[key] = list(default)
     else:
         kept = [v for v in st.session_state[key] if v in options]
-        st.session_state[key] = kept + [o for o in options if o not in seen and o not in kept]
+        for o in options:
+            if o not in seen and o not in kept:
+                (kept if admit(o, kept) else left_out).append(o)
+        st.session_state[key] = kept
     st.session_state[f"_{key}_options"] = list(options)
+    return left_out
+
+
+def from_url(key: str, options: list) -> list:
+    """The values of a repeated query parameter (?runs=a&runs=b) that are among `options`."""
+    return [v for v in st.query_params.get_all(key) if v in options]
+
+
+def announce_new_runs(sb, runs: pd.DataFrame, left_out: list[str], chosen: list[str]) -> None:
+    """Runs that appeared with another set-up are named, not added: the view stays as the user left it."""
+    announced = [r for r in st.session_state.get("_announced", []) + left_out if r not in chosen and
+                 r in set(runs["run_id"])]
+    st.session_state["_announced"] = list(dict.fromkeys(announced))
+    if announced:
+        labels = runs.set_index("run_id").loc[announced, "label"]
+        sb.info("New since this page opened, with another set-up (not added): " + ", ".join(labels) +
+                ". Pick them above to compare.")
 
 
 def baseline_picker(sb, algorithms: list[str]) -> str:
@@ -65,13 +87,18 @@ def baseline_picker(sb, algorithms: list[str]) -> str:
     It follows the default (FedAvg when chosen) until the user picks another."""
     options = [*algorithms, data.COSTLIEST]
     default = data.default_baseline(algorithms)
+    if "baseline" not in st.session_state and st.query_params.get("baseline") in options:  # a shared link
+        st.session_state["baseline"], st.session_state["_baseline_default"] = st.query_params["baseline"], None
     if st.session_state.get("baseline") not in options or \
             st.session_state.get("baseline") == st.session_state.get("_baseline_default"):
         st.session_state["baseline"] = default
     st.session_state["_baseline_default"] = default
-    return sb.selectbox("Speed-up baseline", options, key="baseline",
-                        format_func=lambda a: a or "costliest run reaching the target",
-                        help="Speed-up = the baseline's bytes to the target over a run's (same setting; pipeline/results/compare.py)")
+    baseline = sb.selectbox("Speed-up baseline", options, key="baseline",
+                            format_func=lambda a: a or "costliest run reaching the target",
+                            help="Speed-up = the baseline's bytes to the target over a run's (same setting; "
+                                 "pipeline/results/compare.py)")
+    st.query_params["baseline"] = baseline
+    return baseline
 
 
 def group_seeds_toggle(sb, picked: pd.DataFrame) -> bool:
@@ -100,11 +127,18 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
     pool = runs[runs["setting"].isin(settings) & runs["algorithm"].isin(algos)]
     options = pool.sort_values("started_at", ascending=False)["run_id"].tolist()
     info = runs.set_index("run_id")
-    _keep_valid("runs", options, data.default_selection(pool))
+    # a shared link (?runs=...&target=...&baseline=...&tab=...) reproduces the view; else the default selection
+
+    def same_setup(run: str, kept: list[str]) -> bool:
+        return not kept or data.setup_mismatch(runs, [*kept, run]) is None
+
+    left_out = _keep_valid("runs", options, from_url("runs", options) or data.default_selection(pool), same_setup)
     chosen = sb.multiselect(
         "Runs (side by side)", options, key="runs",
         format_func=lambda r: f"{info.at[r, 'label']} · {pd.Timestamp(info.at[r, 'started_at']):%m-%d %H:%M}"
                               f"{'' if info.at[r, 'status'] == 'finished' else ' · ' + info.at[r, 'status_shown']}")
+    announce_new_runs(sb, runs, left_out, chosen)
+    st.query_params["runs"] = chosen
     sb.header("Display")
     baseline = baseline_picker(sb, sorted(set(info.loc[[r for r in chosen if r in info.index], "algorithm"])))
     group_seeds = group_seeds_toggle(sb, runs[runs["run_id"].isin(chosen)])
@@ -170,7 +204,7 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     if cfg.stats_path.is_file():
         stats = stages.load_stats(cfg.stats_path)
     params = _stage_params(snap, ids)
-    tabs = st.tabs(TABS)
+    tabs = st.tabs(TABS, key="tab", bind="query-params")  # the active tab is in the URL and survives reruns
     with tabs[0], guarded(TABS[0]):
         view_overview(snap, ids, include_setup, baseline, group_seeds)
     with tabs[1], guarded(TABS[1]):

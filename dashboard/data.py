@@ -697,7 +697,8 @@ def group_table(snap: Snapshot, table: pd.DataFrame, run_ids: list[str]) -> pd.D
         maua_mean=("maua", "mean"), maua_std=("maua", "std"), final_acc_mean=("final_acc", "mean"),
         bytes_total_mean=("bytes_total", "mean"), bytes_to_target_mean=("bytes_to_target", "mean"),
         bytes_to_target_std=("bytes_to_target", "std"), n_reached=("bytes_to_target", "count"),
-        speedup_mean=("speedup", "mean"), target_acc=("target_acc", "first"))
+        speedup_mean=("speedup", "mean"), target_acc=("target_acc", "first"),
+        speedup_vs=("speedup_vs", "first"), speedup_target=("speedup_target", "first"))
     return out.reset_index()
 
 
@@ -717,7 +718,10 @@ def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
     out["bytes_total"] = [fmt_bytes(v) for v in groups["bytes_total_mean"]]
     out["bytes_to_target"] = [NOT_REACHED if k == 0 else f"{pm(m, s, fmt_bytes)} {seeds(k, n)}" for m, s, k, n in zip(
         groups["bytes_to_target_mean"], groups["bytes_to_target_std"], groups["n_reached"], groups["n"])]
-    out["speedup"] = [NOT_REACHED if pd.isna(v) else f"{v:.2f}x" for v in groups["speedup_mean"]]
+    out["speedup"] = [f"{v:.2f}x" if pd.notna(v) else "no bytes sent" if sent == 0 else NOT_REACHED
+                      for v, sent in zip(groups["speedup_mean"], groups["bytes_total_mean"])]
+    out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
+                         for vs, level in zip(groups["speedup_vs"], groups["speedup_target"])]
     return out
 
 
@@ -730,7 +734,8 @@ def sortable_group_table(groups: pd.DataFrame) -> Styler:
     values["bytes_total"] = groups["bytes_total_mean"].to_numpy(dtype=float)
     values["bytes_to_target"] = [m if k > 0 else math.inf
                                  for m, k in zip(groups["bytes_to_target_mean"], groups["n_reached"])]
-    values["speedup"] = groups["speedup_mean"].fillna(-math.inf).to_numpy(dtype=float)
+    values["speedup"] = [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
+                         for v, text in zip(groups["speedup_mean"], shown["speedup"])]
     return shown_as(values, shown, ["maua", "bytes_total", "bytes_to_target", "speedup"])
 
 

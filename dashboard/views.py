@@ -41,6 +41,9 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     if not series:
         st.info("The selected runs have no rounds yet: curves and the table appear after the first round is written.")
         return
+    if group_seeds and not data.has_seed_groups(snap.runs[snap.runs["run_id"].isin(ids)]):
+        group_seeds = False  # every group would hold one run: the per-run views say more (legend, 'vs', reasons)
+        st.caption("Group seeds: no two selected runs differ only in their seed, so every run is shown on its own.")
     curves = data.accuracy_curves(snap, include_setup)
     labels = data.run_algorithms(snap, [s.run_id for s in series])  # label -> method: its colour
     zero = pd.DataFrame([{"run": snap.label(s.run_id), "maua": s.maua} for s in series
@@ -70,15 +73,25 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
 
     st.subheader("Comparison")
     if "target" not in st.session_state:
-        st.session_state["target"] = data.default_target(series, snap)
+        st.session_state["target"] = url_target() or data.default_target(series, snap)
     target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
                              step=0.01, format="%.2f", key="target")
+    st.query_params["target"] = f"{target:g}"
     table = data.comparison_frame(snap, ids, target, include_setup, baseline)
     if group_seeds:
         _group_table(snap, table, ids, target, include_setup)
     else:
         _run_table(table, target, include_setup)
     _paper_table(snap, ids, target, include_setup)
+
+
+def url_target() -> float | None:
+    """?target=0.65 from a shared link, when it is a level in (0, 1]."""
+    try:
+        value = float(st.query_params.get("target", ""))
+    except ValueError:
+        return None
+    return value if 0 < value <= 1 else None
 
 
 def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
@@ -152,7 +165,9 @@ def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], targe
         "bytes_total": number("bytes total (mean)"),
         "bytes_to_target": number(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
         "speedup": number(f"speed-up to {target:.0%} (mean)",
-                          help="mean of the runs' speed-ups against the sidebar's baseline")})
+                          help="mean of the runs' speed-ups against the sidebar's baseline"),
+        "speedup_vs": st.column_config.TextColumn("vs", help="the baseline run and the accuracy compared at (the "
+                                                             "group's first run)")})
     st.caption(f"One row per seed group (runs whose params differ only in `seed`). Bytes to target "
                f"{'include' if include_setup else 'exclude'} the one-time set-up traffic. The CSV has the raw numbers.")
     st.download_button("Download table (CSV)", groups.to_csv(index=False), "comparison_seeds.csv", "text/csv")

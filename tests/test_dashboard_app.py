@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -513,6 +514,8 @@ def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tm
     fed = table.set_index("group").loc["fedcache/homo seed00 (3 seeds)"]
     assert fed["maua"].endswith("(3 seeds)") and " ± " in fed["maua"]
     assert fed["bytes_to_target"].endswith("(3 seeds)")
+    local = table.set_index("group").loc["local/homo ffffff"]
+    assert local["speedup"] == "no bytes sent" and "speedup_vs" in table.columns  # not 'not reached'; the 'vs' kept
     means = at.dataframe[0].value.set_index("group")  # sorting by the means
     assert means.at["fedcache/homo seed00 (3 seeds)", "maua"] == pytest.approx(
         sum(max(sample_data.curve(0.80 + 0.01 * i)) for i in range(3)) / 3)
@@ -537,6 +540,17 @@ def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tm
     assert charts(at)["Mean user accuracy vs round"]["mark"]["type"] == "line"
     at.sidebar.multiselect(key="runs").set_value([ids[0], ids[-1]]).run()  # the user's choice sticks
     assert not at.sidebar.toggle(key="group_seeds").value
+
+
+def test_group_seeds_with_one_seed_per_group_shows_every_run_on_its_own(app):
+    at = app()
+    at.sidebar.toggle(key="group_seeds").set_value(True).run()  # no two runs differ only in their seed
+    assert_clean(at)
+    assert "every run is shown on its own" in texts(at, "caption")
+    table = shown(at.dataframe[0])
+    assert "run" in table.columns and "speedup_vs" in table.columns  # the per-run table, its 'vs' included
+    assert table.loc[table["algorithm"] == "local", "speedup"].tolist() == ["no bytes sent"]
+    assert charts(at)["Mean user accuracy vs round"]["mark"]["type"] == "line"  # one line per run, with its legend
 
 
 @pytest.fixture
@@ -574,6 +588,8 @@ def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, mo
         make, mime = deferred[f"{name}.pdf"]
         assert make().startswith(b"%PDF") and mime == "application/pdf"
     assert rendered == ["svg", "pdf"] * 2
+    ticks = re.findall(rb">([0-9.]+[KMGT]?B)<", deferred["accuracy_vs_bytes.svg"][0]())
+    assert ticks and all(re.fullmatch(rb"10*[KMGT]?B", t) for t in ticks), ticks  # decades only: no '2MB3MB'
 
     at.radio(key="acc_x").set_value("time").run()  # the file follows the chart on screen
     assert b"wall-clock time" in deferred["accuracy_vs_time.svg"][0]()
@@ -658,3 +674,40 @@ def test_a_damaged_index_beside_intact_run_files_shows_them_with_a_warning(app, 
     warning = texts(at, "warning")
     assert f"`{index}` is damaged" in warning and "showing the 2 per-run files" in warning
     assert sorted(at.dataframe[0].value["run_id"]) == ["fedcache-1", "local-1"]
+
+
+def test_a_link_reproduces_the_view_and_the_view_follows_the_link(app, sample):
+    """Selection, target, baseline and tab are query parameters: a new session opened on them shows that view."""
+    local = sample.run_ids["local"]
+    at = app(run=False)
+    at.query_params = {"runs": [sample.run_ids["fedcache"], local], "target": "0.55", "baseline": "",
+                       "tab": "Communication"}
+    at.run()
+    assert_clean(at)
+    assert at.sidebar.multiselect(key="runs").value == [sample.run_ids["fedcache"], local]
+    assert at.number_input(key="target").value == pytest.approx(0.55)
+    assert at.sidebar.selectbox(key="baseline").value == ""
+    assert at.query_params["tab"] == "Communication"
+    at.number_input(key="target").set_value(0.6).run()  # the URL follows the view
+    assert at.query_params["target"] == "0.6" and at.query_params["runs"] == [sample.run_ids["fedcache"], local]
+
+
+def test_a_new_run_with_another_set_up_is_announced_not_added(app, sample, tmp_path):
+    path = tmp_path / "results.duckdb"
+    shutil.copy(sample.results_db, path)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    before = at.sidebar.multiselect(key="runs").value
+    db = ResultsDB(path)
+    other = sample_data.params_for(sample.root)
+    other["partition"]["num_clients"] = 2 * sample_data.K  # another set-up
+    db.start_run("fedcache-other", "fedcache", "mnist", "homo", other, "abc")
+    db.write_round("fedcache-other", 0, 0.1, 10, 10, 1.0, [(0, 0.1, 10)], [], {})
+    same = sample_data.params_for(sample.root)
+    db.start_run("local-same", "local", "mnist", "homo", same, "abc")
+    db.write_round("local-same", 0, 0.1, 0, 0, 1.0, [(0, 0.1, 10)], [], {})
+    at.run()
+    assert_clean(at)
+    chosen = at.sidebar.multiselect(key="runs").value
+    assert "fedcache-other" not in chosen and chosen == [*before, "local-same"]  # the same set-up joins
+    assert "with another set-up (not added)" in texts(at.sidebar, "info") and "fedcache/homo" in texts(at.sidebar, "info")
+    assert "not directly comparable" not in texts(at, "warning")
