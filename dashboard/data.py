@@ -549,7 +549,24 @@ def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
     values["bytes_to_target"] = values["bytes_to_target"].fillna(math.inf)
     values["speedup"] = [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
                          for v, text in zip(table["speedup"], shown["speedup"])]
-    return shown_as(values, shown, [*BYTES_COLUMNS, "speedup"])
+    styler = shown_as(values, shown, [*BYTES_COLUMNS, "speedup"])
+    return mark_best(styler, values)
+
+
+BEST = "font-weight: bold; background-color: rgba(89, 161, 79, 0.18)"
+
+
+def mark_best(styler: Styler, values: pd.DataFrame) -> Styler:
+    """The answer at a glance: the best MAUA, and the fewest bytes among the runs that send any."""
+    def best(column: pd.Series, pick) -> list[str]:
+        candidates = column[column > 0] if pick == "min" else column
+        if candidates.dropna().empty:
+            return [""] * len(column)
+        target = candidates.min() if pick == "min" else candidates.max()
+        return [BEST if v == target else "" for v in column]
+
+    return (styler.apply(lambda c: best(c, "max"), subset=["maua"])
+            .apply(lambda c: best(c, "min"), subset=["bytes_total"]))
 
 
 def run_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:

@@ -63,6 +63,12 @@ def test_snapshot_views(sample):
     assert table.iloc[1]["bytes_total"] == 0
     csv = pd.read_csv(io.StringIO(data.csv_table(table)), keep_default_na=False).set_index("algorithm")
     assert csv.at["local", "speedup"] == "" and csv.at["local", "speedup_note"] == "no bytes sent"
+    styler = data.sortable_table(table)
+    styler._compute()
+    cols = list(styler.data.columns)
+    marked = {(r, cols[c]) for (r, c), props in styler.ctx.items() if ("font-weight", "bold") in props}
+    best_maua = int(table["maua"].astype(float).idxmax())
+    assert marked == {(best_maua, "maua"), (0, "bytes_total")}  # local sends nothing: FedCache has the fewest bytes
     missed = pd.read_csv(io.StringIO(data.csv_table(data.comparison_frame(snap, ids, target=0.99))),
                          keep_default_na=False).set_index("algorithm")
     assert missed.at["fedcache", "speedup_note"] == "not reached"
