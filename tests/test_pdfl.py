@@ -308,11 +308,23 @@ def test_no_feedback_without_external_kd(tiny_workspace, mnist):
     assert kinds == {"model", "knowledge"}
 
 
-def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
+def test_attention_weights_and_teacher_diagnostics_are_round_metrics(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params), part, mnist)
+    with torch.no_grad():  # the initial models' accuracy on their own samples, by hand
+        initial = []
+        for c in trainer.clients:
+            c.model.eval()
+            initial.append(float((c.model(c.x_train).argmax(dim=1) == c.y_train).float().mean()))
     summary = trainer.run()
     extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
+    # teacher diagnostics: round 1's student is the initial model, the internal teacher exists, no feedback yet
+    # (it arrives in round 2, where the feedback teacher is measured too)
+    by_round = {r: {n: v for rr, n, v in extras if rr == r} for r in (1, 2)}
+    assert by_round[1]["student_acc"] == pytest.approx(sum(initial) / len(initial))
+    assert "external_teacher_acc" not in by_round[1] and 0 <= by_round[1]["internal_teacher_acc"] <= 1
+    diagnostics = ("student_acc", "internal_teacher_acc", "external_teacher_acc")
+    assert all(0 <= by_round[2][k] <= 1 for k in diagnostics)
     for r in (1, 2):
         attn = {n: v for rr, n, v in extras if rr == r and n.startswith("attn:")}
         assert set(attn) == {f"attn:{i}<-{j}" for i in range(3) for j in range(3) if i != j}
@@ -324,26 +336,6 @@ def test_attention_weights_are_round_metrics(tiny_workspace, mnist):
     last = {n: v for rr, n, v in extras if rr == 2}
     for i, (nbrs, w) in trainer.algorithm.last_weights.items():
         assert [last[f"attn:{i}<-{j}"] for j in nbrs] == pytest.approx(w)
-
-
-def test_teacher_diagnostics_are_round_metrics(tiny_workspace, mnist):
-    """Round 1: the student is the initial model (its accuracy on its own samples, by hand), the internal
-    teacher exists, no feedback yet; round 2: the feedback teacher is measured too."""
-    _, params, part = tiny_workspace
-    trainer = _trainer(_params(params), part, mnist)
-    with torch.no_grad():
-        initial = []
-        for c in trainer.clients:
-            c.model.eval()
-            initial.append(float((c.model(c.x_train).argmax(dim=1) == c.y_train).float().mean()))
-    summary = trainer.run()
-    extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
-    by_round = {r: {n: v for rr, n, v in extras if rr == r} for r in (1, 2)}
-    assert by_round[1]["student_acc"] == pytest.approx(sum(initial) / len(initial))
-    assert "external_teacher_acc" not in by_round[1]  # the first feedback copies arrive in round 2
-    assert 0 <= by_round[1]["internal_teacher_acc"] <= 1
-    assert {"student_acc", "internal_teacher_acc", "external_teacher_acc"} <= set(by_round[2])
-    assert all(0 <= by_round[2][k] <= 1 for k in ("student_acc", "internal_teacher_acc", "external_teacher_acc"))
 
 
 @pytest.mark.parametrize("switch", [
