@@ -102,6 +102,14 @@ BYTES_TIP = alt.Tooltip("cum_bytes:Q", format=",", title="cumulative bytes (B)")
 MEAN_ACC_TIP = alt.Tooltip("mean_acc:Q", format=".2%", title="mean accuracy")
 
 
+def _acc_tips(curves: pd.DataFrame) -> list:
+    """The measured accuracy, and the smoothed one when the curves are smoothed (dashboard.data.smoothed)."""
+    if "mean_acc_raw" not in curves:
+        return [MEAN_ACC_TIP]
+    return [alt.Tooltip("mean_acc_raw:Q", format=".2%", title="mean accuracy"),
+            alt.Tooltip("mean_acc:Q", format=".2%", title="smoothed")]
+
+
 def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, x: str = "round") -> alt.Chart:
     """x='round', or x='time': cumulative wall-clock seconds of the rounds (training + evaluation)."""
     runs = _runs_of(curves, runs)
@@ -111,7 +119,8 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     return alt.Chart(curves, title=title).mark_line(point=True).encode(
         x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", MEAN_ACC_TIP, alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"), BYTES_TIP],
+        tooltip=["run", "round", *_acc_tips(curves), alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"),
+                 BYTES_TIP],
     ).properties(height=HEIGHT)
 
 
@@ -146,7 +155,7 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
         x=alt.X("cum_bytes:Q", title="cumulative bytes (log)", scale=alt.Scale(type="log", domain=[
             decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL)),
         y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", MEAN_ACC_TIP, BYTES_TIP],
+        tooltip=["run", "round", *_acc_tips(curves), BYTES_TIP],
     ).properties(height=HEIGHT)
     if zero_byte_runs.empty:
         return base.properties(title=title)

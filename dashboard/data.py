@@ -583,6 +583,18 @@ def _with_run(snap: Snapshot, df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def smoothed(curves: pd.DataFrame, weight: float) -> pd.DataFrame:
+    """The curves with each run's mean accuracy as an exponential moving average (weight 0: as is; 0.9:
+    heavy), bias-corrected at the start as TensorBoard's slider does; the measured values stay in
+    `mean_acc_raw`. Only what is drawn is smoothed: MAUA and bytes to target read the raw rounds."""
+    out = curves.copy()
+    out["mean_acc_raw"] = out["mean_acc"]
+    if weight > 0 and not out.empty:
+        out["mean_acc"] = out.groupby("run_id", sort=False)["mean_acc"].transform(
+            lambda acc: acc.ewm(alpha=1 - weight, adjust=True).mean())
+    return out
+
+
 def accuracy_curves(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
     """Per run and evaluated round: mean accuracy, cumulative bytes (up + down) and cumulative
     wall-clock seconds (the rounds' wall_s) so far."""

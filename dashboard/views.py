@@ -51,6 +51,11 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
                         columns=["run", "maua"])
     x = st.radio("Left chart: accuracy", ["round", "time"], key="acc_x", horizontal=True,
                  format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)"}.get)
+    weight = st.slider("Smoothing (EMA weight)", 0.0, 0.95, 0.0, 0.05, key="smoothing",
+                       help="Draws each curve as an exponential moving average (as TensorBoard's slider); the "
+                            "tooltips keep the measured value, and the table reads the raw rounds")
+    if weight > 0:
+        curves = data.smoothed(curves, weight)
     left, right = st.columns(2)
     with left:
         if group_seeds:  # one line per seed group (mean) with its min-max band

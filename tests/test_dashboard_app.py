@@ -711,3 +711,15 @@ def test_a_new_run_with_another_set_up_is_announced_not_added(app, sample, tmp_p
     assert "fedcache-other" not in chosen and chosen == [*before, "local-same"]  # the same set-up joins
     assert "with another set-up (not added)" in texts(at.sidebar, "info") and "fedcache/homo" in texts(at.sidebar, "info")
     assert "not directly comparable" not in texts(at, "warning")
+
+
+def test_the_smoothing_slider_smooths_the_curves_not_the_table(app):
+    at = app()
+    maua = at.dataframe[0].value["maua"].tolist()
+    raw = frame(charts(at)["Mean user accuracy vs round"])
+    at.slider(key="smoothing").set_value(0.6).run()
+    assert_clean(at)
+    drawn = frame(charts(at)["Mean user accuracy vs round"])
+    assert drawn["mean_acc_raw"].tolist() == pytest.approx(raw["mean_acc"].tolist())
+    assert drawn["mean_acc"].tolist() != pytest.approx(raw["mean_acc"].tolist())
+    assert at.dataframe[0].value["maua"].tolist() == maua  # MAUA from the measured rounds

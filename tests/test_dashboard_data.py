@@ -610,3 +610,15 @@ def test_per_run_files_newer_than_the_index_are_read_and_named(tmp_path):
     assert sorted(data.load_runs(index, notices=notices)["run_id"]) == ["fedcache-1", "local-1"]
     [(kind, text)] = notices
     assert kind == "info" and "1 per-run file(s)" in text and "rebuild" in text
+
+
+def test_smoothing_draws_an_ema_per_run_and_keeps_the_measured_values():
+    curves = pd.DataFrame({"run_id": ["a"] * 3 + ["b"] * 2, "run": ["a"] * 3 + ["b"] * 2,
+                           "mean_acc": [0.0, 1.0, 1.0, 0.5, 0.5]})
+    out = data.smoothed(curves, 0.5)
+    # bias-corrected EMA, weight 0.5: 0, (1 + 0.5 * 0) / 1.5, (1 + 0.5 + 0.25 * 0) / 1.75; each run on its own
+    assert out["mean_acc"].tolist() == pytest.approx([0.0, 2 / 3, 1.5 / 1.75, 0.5, 0.5])
+    assert out["mean_acc_raw"].tolist() == curves["mean_acc"].tolist()
+    assert data.smoothed(curves, 0.0)["mean_acc"].tolist() == curves["mean_acc"].tolist()
+    spec = charts.accuracy_vs_round(out.assign(round=[0, 1, 2, 0, 1], cum_s=0.0, cum_bytes=0, algorithm="fd"))
+    assert [t.get("title") for t in spec.to_dict()["encoding"]["tooltip"]][2:4] == ["mean accuracy", "smoothed"]
