@@ -121,7 +121,7 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
         x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
         tooltip=["run", "round", *_acc_tips(curves), alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"),
                  BYTES_TIP],
-    ).properties(height=HEIGHT)
+    ).properties(height=HEIGHT).interactive()  # wheel zooms, drag pans; a double click resets
 
 
 def accuracy_band(grouped: pd.DataFrame, groups: dict[str, str] | None = None, x: str = "round") -> alt.LayerChart:
@@ -156,7 +156,7 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
             decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL)),
         y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
         tooltip=["run", "round", *_acc_tips(curves), BYTES_TIP],
-    ).properties(height=HEIGHT)
+    ).properties(height=HEIGHT).interactive()  # wheel zooms, drag pans; a double click resets
     if zero_byte_runs.empty:
         return base.properties(title=title)
     rules = alt.Chart(zero_byte_runs).mark_rule(strokeDash=[6, 4]).encode(

@@ -622,3 +622,4 @@ def test_smoothing_draws_an_ema_per_run_and_keeps_the_measured_values():
     assert data.smoothed(curves, 0.0)["mean_acc"].tolist() == curves["mean_acc"].tolist()
     spec = charts.accuracy_vs_round(out.assign(round=[0, 1, 2, 0, 1], cum_s=0.0, cum_bytes=0, algorithm="fd"))
     assert [t.get("title") for t in spec.to_dict()["encoding"]["tooltip"]][2:4] == ["mean accuracy", "smoothed"]
+    assert any(p.get("bind") == "scales" for p in spec.to_dict().get("params", []))  # zoom and pan
