@@ -167,13 +167,18 @@ def calibrate(teacher: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def internal_teacher(probs: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
+def top_k_mixture(probs: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
     """probs [m, n, C] (neighbours' tempered outputs on the client's samples), weights [m] -> [n, C]:
-    sum over the top_k neighbours by weight of w_j p_j(x), renormalised over them, calibrated."""
+    sum over the top_k neighbours by weight of w_j p_j(x), renormalised over them."""
     chosen = ranked(weights, top_k)
     w = weights[chosen].to(probs.dtype)
     w = w / w.sum().clamp_min(1e-30)
-    return calibrate((w[:, None, None] * probs[chosen]).sum(dim=0), y)
+    return (w[:, None, None] * probs[chosen]).sum(dim=0)
+
+
+def internal_teacher(probs: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The top_k mixture, calibrated (step 3's teacher)."""
+    return calibrate(top_k_mixture(probs, weights, top_k), y)
 
 
 @torch.no_grad()
@@ -291,9 +296,9 @@ class PDFLClient(LocalUpdate):
         if p.internal_kd:  # the teacher needs the chosen neighbours' outputs on every sample
             chosen = ranked(w, p.top_k).tolist()
             probs = torch.stack([full[J[a]] if J[a] in full else outputs(J[a]) for a in chosen])
-            targets["internal"] = internal_teacher(probs, w[chosen].to(probs.device), y, len(chosen))
-            mixed = (w[chosen].to(probs.dtype)[:, None, None] * probs).sum(dim=0)
+            mixed = top_k_mixture(probs, w[chosen].to(probs.device), len(chosen))
             diag["internal_teacher_acc"] = accuracy(mixed, y)
+            targets["internal"] = calibrate(mixed, y)
         if p.external_kd:
             if feedback:
                 t_ext = 0
