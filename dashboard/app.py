@@ -73,8 +73,8 @@ def from_url(key: str, options: list) -> list:
 
 def announce_new_runs(sb, runs: pd.DataFrame, left_out: list[str], chosen: list[str]) -> None:
     """Runs that appeared with another set-up are named, not added: the view stays as the user left it."""
-    announced = [r for r in st.session_state.get("_announced", []) + left_out if r not in chosen and
-                 r in set(runs["run_id"])]
+    present = set(runs["run_id"])
+    announced = [r for r in st.session_state.get("_announced", []) + left_out if r not in chosen and r in present]
     st.session_state["_announced"] = list(dict.fromkeys(announced))
     if announced:
         labels = runs.set_index("run_id").loc[announced, "label"]

@@ -130,21 +130,22 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
     try:
         index, problem = None, None
         if path.is_file():
+            every_file = run_files(runs_dir)  # what is read instead of an index that cannot serve
             try:
                 index = "src_index" if attach_or_raise(path, "src_index") else None
             except ResultsError as err:
-                if not run_files(runs_dir):
+                if not every_file:
                     raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
                                          f"{fix(path)}.") from err
                 problem = f"is damaged ({err.why})"
             else:
                 empty = index is not None and not _has_runs(con, index)
-                problem = "holds no run" if empty and run_files(runs_dir) else None
+                problem = "holds no run" if empty and every_file else None
                 if problem:
                     con.execute(f"DETACH {index}")
                     index = None
             if problem:
-                live = run_files(runs_dir)
+                live = every_file
                 if notices is not None:
                     notices.append(("warning", f"The index `{path}` {problem}: showing the {len(live)} per-run files "
                                                f"in `{runs_dir}` directly. To make it again, {fix(path)}."))
@@ -507,9 +508,20 @@ def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFra
         return "no bytes sent" if reached and sent == 0 else NOT_REACHED
 
     out["speedup"] = [speedup(row) for row in table.itertuples()]
-    out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
-                         for vs, level in zip(table["speedup_vs"], table["speedup_target"])]
+    out["speedup_vs"] = vs_texts(table)
     return out.drop(columns=["speedup_target"])
+
+
+def vs_texts(table: pd.DataFrame) -> list[str]:
+    """What each speed-up is measured against: 'fedavg at 64.0%' (columns speedup_vs, speedup_target)."""
+    return [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
+            for vs, level in zip(table["speedup_vs"], table["speedup_target"])]
+
+
+def speedup_sort_values(speedups, texts) -> list[float]:
+    """A speed-up column's numbers for sorting: 'not reached' below every number, 'no bytes sent' above."""
+    return [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
+            for v, text in zip(speedups, texts)]
 
 
 def csv_table(table: pd.DataFrame, include_setup: bool = True) -> str:
@@ -547,8 +559,7 @@ def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
     for col in BYTES_COLUMNS:
         values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
     values["bytes_to_target"] = values["bytes_to_target"].fillna(math.inf)
-    values["speedup"] = [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
-                         for v, text in zip(table["speedup"], shown["speedup"])]
+    values["speedup"] = speedup_sort_values(table["speedup"], shown["speedup"])
     styler = shown_as(values, shown, [*BYTES_COLUMNS, "speedup"])
     return mark_best(styler, values)
 
@@ -749,8 +760,7 @@ def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
         groups["bytes_to_target_mean"], groups["bytes_to_target_std"], groups["n_reached"], groups["n"])]
     out["speedup"] = [f"{v:.2f}x" if pd.notna(v) else "no bytes sent" if sent == 0 else NOT_REACHED
                       for v, sent in zip(groups["speedup_mean"], groups["bytes_total_mean"])]
-    out["speedup_vs"] = [f"{vs} at {level:.1%}" if isinstance(vs, str) and pd.notna(level) else "no run reaches the target"
-                         for vs, level in zip(groups["speedup_vs"], groups["speedup_target"])]
+    out["speedup_vs"] = vs_texts(groups)
     return out
 
 
@@ -763,8 +773,7 @@ def sortable_group_table(groups: pd.DataFrame) -> Styler:
     values["bytes_total"] = groups["bytes_total_mean"].to_numpy(dtype=float)
     values["bytes_to_target"] = [m if k > 0 else math.inf
                                  for m, k in zip(groups["bytes_to_target_mean"], groups["n_reached"])]
-    values["speedup"] = [float(v) if pd.notna(v) else -math.inf if text == NOT_REACHED else math.inf
-                         for v, text in zip(groups["speedup_mean"], shown["speedup"])]
+    values["speedup"] = speedup_sort_values(groups["speedup_mean"], shown["speedup"])
     return shown_as(values, shown, ["maua", "bytes_total", "bytes_to_target", "speedup"])
 
 
