@@ -677,17 +677,15 @@ def test_a_damaged_index_beside_intact_run_files_shows_them_with_a_warning(app, 
 
 
 def test_a_link_reproduces_the_view_and_the_view_follows_the_link(app, sample):
-    """Selection, target, baseline and tab are query parameters: a new session opened on them shows that view."""
+    """Selection, target and baseline are query parameters: a new session opened on them shows that view."""
     local = sample.run_ids["local"]
     at = app(run=False)
-    at.query_params = {"runs": [sample.run_ids["fedcache"], local], "target": "0.55", "baseline": "",
-                       "tab": "Communication"}
+    at.query_params = {"runs": [sample.run_ids["fedcache"], local], "target": "0.55", "baseline": ""}
     at.run()
     assert_clean(at)
     assert at.sidebar.multiselect(key="runs").value == [sample.run_ids["fedcache"], local]
     assert at.number_input(key="target").value == pytest.approx(0.55)
     assert at.sidebar.selectbox(key="baseline").value == ""
-    assert at.query_params["tab"] == "Communication"
     at.number_input(key="target").set_value(0.6).run()  # the URL follows the view
     assert at.query_params["target"] == "0.6" and at.query_params["runs"] == [sample.run_ids["fedcache"], local]
 
