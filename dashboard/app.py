@@ -114,6 +114,23 @@ def group_seeds_toggle(sb, picked: pd.DataFrame) -> bool:
                           "table row (mean ± std)")
 
 
+def param_filter(sb, pool: pd.DataFrame) -> pd.DataFrame:
+    """Narrow the runs on offer by any param on which they differ (a dotted key, e.g. `index.R`, or a run
+    column as `run.git_rev`), to the values picked."""
+    varying = data.varying_params(pool)
+    if st.session_state.get("param_key") not in (None, *varying):
+        st.session_state["param_key"] = None  # the key no longer varies among the runs on offer
+    key = sb.selectbox("Filter by param", [None, *varying], key="param_key",
+                       format_func=lambda k: "(no filter)" if k is None else k,
+                       help="Any params.yaml key (or run column) on which the runs on offer differ")
+    if key is None:
+        return pool
+    values = varying[key]
+    _keep_valid("param_values", values, values)
+    picked = sb.multiselect(f"{key} is", values, key="param_values", help="values as JSON; (absent): no such key")
+    return data.with_param(pool, key, picked)
+
+
 def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, str, bool]:
     sb = st.sidebar
     sb.header("Runs")
@@ -124,7 +141,7 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
     settings = sb.multiselect("Setting", settings_opts, key="settings",
                               help="homo: one model for all clients; hetero: A1/A2/A3 by client index")
     algos = sb.multiselect("Algorithms", algo_opts, key="algorithms")
-    pool = runs[runs["setting"].isin(settings) & runs["algorithm"].isin(algos)]
+    pool = param_filter(sb, runs[runs["setting"].isin(settings) & runs["algorithm"].isin(algos)])
     options = pool.sort_values("started_at", ascending=False)["run_id"].tolist()
     info = runs.set_index("run_id")
     # a shared link (?runs=...&target=...&baseline=...&tab=...) reproduces the view; else the default selection

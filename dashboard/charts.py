@@ -164,6 +164,30 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
     return alt.layer(base, rules).properties(title=title)
 
 
+def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
+    """MAUA against bytes (log x), one point per run in its method's colour; the Pareto frontier (data.pareto_points)
+    filled, joined by a staircase and labelled; the other runs hollow. Runs that send nothing become dashed
+    rules at their MAUA, as in the accuracy-vs-bytes chart."""
+    runs = _runs_of(points, runs)
+    sent, free = points[points["bytes"] > 0], points[points["bytes"] == 0]
+    decades = _decades(sent["bytes"])
+    x = alt.X("bytes:Q", title="bytes to the last round (log)", scale=alt.Scale(type="log", domain=[
+        decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
+    y = alt.Y("maua:Q", title="MAUA", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
+    tips = [alt.Tooltip("run:N"), alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
+            alt.Tooltip("bytes:Q", format=",", title="bytes (B)"), alt.Tooltip("frontier:N", title="on the frontier")]
+    color = run_color(runs)
+    dots = alt.Chart(sent).mark_point(size=110, strokeWidth=2).encode(
+        x=x, y=y, color=color, fill=alt.condition("datum.frontier", color, alt.value("transparent")), tooltip=tips)
+    best = sent[sent["frontier"]]
+    stairs = alt.Chart(best).mark_line(interpolate="step-after", color="#555", strokeDash=[4, 3]).encode(x=x, y=y)
+    labels = alt.Chart(best).mark_text(align="left", dx=9, dy=-9, fontSize=11).encode(x=x, y=y, text="run:N")
+    layers = [stairs, dots, labels]
+    if not free.empty:
+        layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y="maua:Q", color=color, tooltip=tips))
+    return alt.layer(*layers).properties(title="Accuracy against bytes: the Pareto frontier (filled, labelled)", height=HEIGHT)
+
+
 def client_spread(best: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
     """Horizontal boxes (min-max whiskers), one per run, so long run names stay readable; fit-x
     autosize: the height is the plot's, 40 px per run."""

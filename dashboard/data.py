@@ -891,3 +891,64 @@ def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
                         for v in points["value"]]
     points = points.sort_values(["ablation", "line", "_order", "_value"], kind="stable")
     return points[ABLATION_COLUMNS].reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- params: diff and filter
+
+MISSING = "(absent)"
+RUN_META = ("algorithm", "setting", "dataset", "git_rev")  # run columns compared and filtered along with the params
+
+
+def run_params(runs: pd.DataFrame, run_id: str) -> dict[str, object]:
+    """A run's params flattened to dotted keys, with its run columns as `run.<column>`."""
+    row = runs.loc[runs["run_id"] == run_id].iloc[0]
+    return {**{f"run.{k}": row[k] for k in RUN_META if k in row}, **flatten(row["params"] or {})}
+
+
+def _as_text(value) -> str:
+    """One dtype per column for Arrow, and values compared as they read: JSON text (absent stays a word)."""
+    return value if value is MISSING else json.dumps(value, sort_keys=True, default=str)
+
+
+def params_diff(named: dict[str, dict[str, object]]) -> pd.DataFrame:
+    """The keys whose values differ among N flattened params (name -> run_params): one row per key, one
+    column per name, absent keys included. No row when all agree."""
+    keys = sorted(set().union(*named.values())) if named else []
+    rows = []
+    for key in keys:
+        values = [_as_text(flat.get(key, MISSING)) for flat in named.values()]
+        if len(set(values)) > 1:
+            rows.append([key, *values])
+    return pd.DataFrame(rows, columns=["key", *named])
+
+
+def varying_params(runs: pd.DataFrame) -> dict[str, list[str]]:
+    """Every key (run columns and params, dotted) on which the runs do not all agree -> its values as text,
+    sorted: what the sidebar can filter on."""
+    flats = [run_params(runs, r) for r in runs["run_id"]]
+    keys = sorted(set().union(*flats)) if flats else []
+    out = {}
+    for key in keys:
+        values = {_as_text(f.get(key, MISSING)) for f in flats}
+        if len(values) > 1:
+            out[key] = sorted(values)
+    return out
+
+
+def with_param(runs: pd.DataFrame, key: str, values: list[str]) -> pd.DataFrame:
+    """The runs whose value of `key` (as varying_params writes it) is one of `values`."""
+    keep = [_as_text(run_params(runs, r).get(key, MISSING)) in values for r in runs["run_id"]]
+    return runs[keep]
+
+
+def pareto_points(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFrame:
+    """comparison_frame's runs as (run, algorithm, maua, bytes) with `frontier`: no other run has at least
+    its MAUA with at most its bytes, one of them strictly (the accuracy-vs-bytes trade-off's best runs).
+    Bytes are the run's total up to its last round (set-up included or not). Runs without a MAUA are left out."""
+    bytes_col = "bytes_total" if include_setup else "bytes_training"
+    pts = table.loc[table["maua"].notna(), ["run", "algorithm", "setting", "maua", bytes_col]].rename(
+        columns={bytes_col: "bytes"}).reset_index(drop=True)
+    pts["bytes"] = pts["bytes"].astype(float)
+    maua, sent = pts["maua"].to_numpy(dtype=float), pts["bytes"].to_numpy()
+    pts["frontier"] = [not any((maua >= m) & (sent <= b) & ((maua > m) | (sent < b))) for m, b in zip(maua, sent)]
+    return pts.sort_values(["bytes", "maua"], ascending=[True, False], kind="stable").reset_index(drop=True)

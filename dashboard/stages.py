@@ -166,33 +166,3 @@ def montage(images: np.ndarray, borders: list[tuple[int, int, int]], scale: int 
         out[pad:pad + h, x + pad:x + pad + w] = imgs[i]
         x += cell_w + (gap if i == 0 else 2)
     return out
-
-
-# ----------------------------------------------------------------------------- params
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
-    if not isinstance(d, dict):
-        return {prefix: d} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-MISSING = "(absent)"
-
-
-def params_diff(a: dict, b: dict) -> pd.DataFrame:
-    """The dotted keys whose values differ between two params dicts (absent keys included)."""
-    fa, fb = flatten(a), flatten(b)
-    keys = sorted(set(fa) | set(fb))
-    rows = [(k, fa.get(k, MISSING), fb.get(k, MISSING)) for k in keys if fa.get(k, MISSING) != fb.get(k, MISSING)]
-    df = pd.DataFrame(rows, columns=["key", "a", "b"])
-    for col in ("a", "b"):  # one dtype per column for Arrow: show values as JSON text
-        df[col] = [v if v == MISSING else json.dumps(v) for v in df[col]]
-    return df

@@ -87,7 +87,27 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
         _group_table(snap, table, ids, target, include_setup)
     else:
         _run_table(table, target, include_setup)
+    _pareto(table, labels, include_setup)
     _paper_table(snap, ids, target, include_setup)
+
+
+def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool) -> None:
+    """MAUA against bytes with the Pareto frontier: which runs no other run beats on both."""
+    points = data.pareto_points(table, include_setup)
+    if points.empty:
+        return
+    left, right = st.columns([3, 2])
+    with left:
+        chart = charts.pareto(points, labels)
+        st.altair_chart(chart, width="stretch")
+        figure_downloads(chart, "pareto_maua_vs_bytes", "fig_pareto")
+    best = points[points["frontier"]]
+    right.markdown("**On the frontier**: no other selected run has a higher MAUA for as few bytes")
+    right.dataframe(best.assign(bytes=[data.fmt_bytes(b) for b in best["bytes"]])[["run", "maua", "bytes"]],
+                    hide_index=True, width="stretch", key="pareto_table",
+                    column_config={"maua": st.column_config.NumberColumn("MAUA", format="percent")})
+    right.caption(f"Bytes: {'all' if include_setup else 'training'} traffic up to each run's last round"
+                  f"{'' if include_setup else ' (set-up left out)'}. Hollow points: a frontier run beats them.")
 
 
 def url_target() -> float | None:
@@ -341,25 +361,27 @@ def view_neighbours(cfg: Config, params: dict) -> None:
 
 
 def view_params(snap: data.Snapshot, ids: list[str]) -> None:
-    runs = snap.runs.set_index("run_id")
-    options = ids + [r for r in runs.index if r not in ids]
-    a, b = st.columns(2)
-    ra = a.selectbox("Run A", options, index=0, format_func=snap.label, key="params_a")
-    rb = b.selectbox("Run B", options, index=min(1, len(options) - 1), format_func=snap.label, key="params_b")
-    meta = ["algorithm", "setting", "dataset", "git_rev"]  # run columns, compared along with the params
-    diff = stages.params_diff({"run": {k: runs.at[ra, k] for k in meta}, **runs.at[ra, "params"]},
-                              {"run": {k: runs.at[rb, k] for k in meta}, **runs.at[rb, "params"]})
-    st.subheader("Diff")
-    if ra == rb:
-        st.caption("Pick two different runs to compare.")
-    elif diff.empty:
-        st.success("Same params.")
+    """The params of N runs side by side, only the keys where they differ; one run's params in full."""
+    runs = snap.runs
+    options = ids + [r for r in runs["run_id"] if r not in ids]
+    picked = st.multiselect("Runs to compare", options, default=ids if len(ids) > 1 else options[:2],
+                            format_func=snap.label, key="params_runs")
+    st.subheader("What differs")
+    if len(picked) < 2:
+        st.caption("Pick two or more runs to compare.")
     else:
-        st.dataframe(diff.rename(columns={"a": snap.label(ra), "b": snap.label(rb)}), hide_index=True, width="stretch")
-    a.caption(f"git {runs.at[ra, 'git_rev']} · {runs.at[ra, 'status_shown']}")
-    a.json(runs.at[ra, "params"], expanded=1)
-    b.caption(f"git {runs.at[rb, 'git_rev']} · {runs.at[rb, 'status_shown']}")
-    b.json(runs.at[rb, "params"], expanded=1)
+        diff = data.params_diff({snap.label(r): data.run_params(runs, r) for r in picked})
+        if diff.empty:
+            st.success(f"The {len(picked)} runs have the same params.")
+        else:
+            st.dataframe(diff, hide_index=True, width="stretch", key="params_diff")
+            st.caption(f"{len(diff)} of {len(data.run_params(runs, picked[0]))} keys differ (`run.*`: the run's "
+                       f"own columns; {data.MISSING}: the run's params have no such key).")
+    st.subheader("All params of one run")
+    one = st.selectbox("Run", options, format_func=snap.label, key="params_one")
+    row = runs.loc[runs["run_id"] == one].iloc[0]
+    st.caption(f"git {row['git_rev']} · {row['status_shown']}")
+    st.json(row["params"], expanded=1)
 
 
 def _dataset(snap: data.Snapshot, ids: list[str]) -> str | None:

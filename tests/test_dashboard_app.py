@@ -20,7 +20,7 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts as charts_mod
-from dashboard import sample_data
+from dashboard import data, sample_data
 from dashboard.app import TABS
 from pipeline.results.store import ResultsDB
 
@@ -317,18 +317,50 @@ def test_neighbours_view(app):
     assert [i.proto.imgs[0].caption.split(" · ")[1] for i in at.get("image")] == ["7", "7"]
 
 
-def test_params_view(app, sample):
+def test_params_view_diffs_n_runs(app, sample):
     at = app()
     ids = sample.run_ids
-    at.selectbox(key="params_a").set_value(ids["fedcache"]).run()
-    at.selectbox(key="params_b").set_value(ids["fedcache_hetero"]).run()
-    diff = [d.value for d in at.dataframe if "key" in d.value.columns][0].set_index("key")
+    diff_of = lambda: next(d for d in at.dataframe if "key" in d.value.columns).value.set_index("key")  # noqa: E731
+    at.multiselect(key="params_runs").set_value([ids["fedcache"], ids["fedcache_hetero"]]).run()
+    diff = diff_of()
     assert {"train.lr", "train.hetero", "run.setting"} <= set(diff.index)
-    assert "seed" not in diff.index
-    assert len(at.json) == 2
-    at.selectbox(key="params_b").set_value(ids["local"]).run()
-    diff = [d.value for d in at.dataframe if "key" in d.value.columns][0]
-    assert diff["key"].tolist() == ["run.algorithm"]  # same params.yaml, different method
+    assert "seed" not in diff.index and len(diff.columns) == 2
+    at.multiselect(key="params_runs").set_value([ids["fedcache"], ids["local"]]).run()
+    assert diff_of().index.tolist() == ["run.algorithm"]  # same params.yaml, different method
+    at.multiselect(key="params_runs").set_value([ids["fedcache"], ids["fedcache_hetero"], ids["local"]]).run()
+    diff = diff_of()
+    assert len(diff.columns) == 3 and {"run.algorithm", "run.setting", "train.lr"} <= set(diff.index)
+    assert len(at.json) == 1
+    at.multiselect(key="params_runs").set_value([ids["local"]]).run()
+    assert "Pick two or more runs" in texts(at, "caption")
+
+
+def test_the_pareto_frontier_of_the_selected_runs(app, sample):
+    at = app()
+    assert_clean(at)
+    spec = charts(at)["Accuracy against bytes: the Pareto frontier (filled, labelled)"]
+    assert spec["layer"][1]["encoding"]["x"]["scale"]["type"] == "log"
+    frontier = next(d for d in at.dataframe if list(d.value.columns) == ["run", "maua", "bytes"]).value
+    table = at.dataframe[0].value
+    expected = data.pareto_points(table.assign(algorithm=table["run"].str.split("/").str[0]))
+    assert frontier["run"].tolist() == expected.loc[expected["frontier"], "run"].tolist()
+    assert "local/homo bbbbbb" in frontier["run"].tolist()  # sends nothing: nobody is cheaper
+
+
+def test_runs_are_filtered_by_any_param(app, sample):
+    at = app()
+    ids = sample.run_ids
+    key = at.sidebar.selectbox(key="param_key")
+    assert key.value is None and "run.setting" in key.options and "seed" not in key.options  # seed never varies here
+    key.set_value("run.setting").run()
+    values = at.sidebar.multiselect(key="param_values")
+    assert set(values.value) == {'"homo"', '"hetero"'}
+    values.set_value(['"homo"']).run()
+    assert_clean(at)
+    offered = at.sidebar.multiselect(key="runs").options
+    assert not any("hetero" in o for o in offered) and ids["fedcache_hetero"] not in at.sidebar.multiselect(key="runs").value
+    at.sidebar.selectbox(key="param_key").set_value(None).run()
+    assert any("hetero" in o for o in at.sidebar.multiselect(key="runs").options)
 
 
 def test_no_db_empty_db_and_missing_inputs(app, tmp_path):
@@ -579,7 +611,7 @@ def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, mo
     at = app()
     assert_clean(at)
     labels = [b.label for b in at.get("download_button")]
-    assert labels.count("SVG") == 2 and labels.count("PDF") == 2
+    assert labels.count("SVG") == 3 and labels.count("PDF") == 3  # the two curves and the Pareto chart
     assert rendered == []  # drawing the page renders no file: only a click does
     for name in ("accuracy_vs_round", "accuracy_vs_bytes"):
         make, mime = deferred[f"{name}.svg"]
@@ -589,8 +621,10 @@ def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, mo
         make, mime = deferred[f"{name}.pdf"]
         assert make().startswith(b"%PDF") and mime == "application/pdf"
     assert rendered == ["svg", "pdf"] * 2
-    ticks = re.findall(rb">([0-9.]+[KMGT]?B)<", deferred["accuracy_vs_bytes.svg"][0]())
-    assert ticks and all(re.fullmatch(rb"10*[KMGT]?B", t) for t in ticks), ticks  # decades only: no '2MB3MB'
+    for name in ("accuracy_vs_bytes", "pareto_maua_vs_bytes"):
+        ticks = re.findall(rb">([0-9.]+[KMGT]?B)<", deferred[f"{name}.svg"][0]())
+        assert ticks and all(re.fullmatch(rb"10*[KMGT]?B", t) for t in ticks), ticks  # decades only: no '2MB3MB'
+    assert b"fedcache/homo aaaaaa" in deferred["pareto_maua_vs_bytes.svg"][0]()  # the frontier's labels as text
 
     at.radio(key="acc_x").set_value("time").run()  # the file follows the chart on screen
     assert b"wall-clock time" in deferred["accuracy_vs_time.svg"][0]()
@@ -643,14 +677,18 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
     assert not [t for t in charts(at) if t.startswith("MAUA vs")]
 
 
+def paper_table(at: AppTest):
+    return next(d for d in at.dataframe if "paper_maua" in d.value.columns)
+
+
 def test_the_overview_shows_the_papers_figures_beside_the_selected_runs(app, mixed):
     path, ids = mixed  # MNIST runs: FedCache is in the paper's Table 5 (its MAUA printed as '-'), FedAvg and local not
     at = app(FEDCACHE_RESULTS_DB=path)
     assert "Beside the FedCache paper" in [h.value for h in at.subheader]
-    paper = at.dataframe[1].value
+    paper = paper_table(at).value
     assert paper["run_id"].tolist() == [ids["fedcache"]] and paper["table"].tolist() == [5]
     assert paper["reference"].tolist() == ["pfedme"] and paper["paper_maua"].isna().all()
-    on_screen = shown(at.dataframe[1])
+    on_screen = shown(paper_table(at))
     assert "None" not in on_screen.to_string() and "nan" not in on_screen.to_string()
     row = on_screen.iloc[0]
     assert row["paper_maua"] == "— (the paper prints '-')"  # a reason, not None

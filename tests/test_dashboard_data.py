@@ -16,6 +16,7 @@ import pytest
 
 from dashboard import charts, data, sample_data, stages
 from dashboard.config import load_config
+from pipeline.experiments.dvc import flatten
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +176,47 @@ def test_stage_inputs(sample):
         stages.cache_overview(sample.root / "nope.db")
 
 
-def test_params_diff():
+def test_params_diff_of_n_runs_keeps_only_what_differs():
     a = {"train": {"lr": 0.01, "rounds": 30, "algorithms": ["fedcache"]}, "seed": 0}
-    b = {"train": {"lr": 0.02, "rounds": 30, "algorithms": ["fedcache", "local"]}, "extra": {"x": 1}}
-    diff = stages.params_diff(a, b).set_index("key")
-    assert list(diff.index) == ["extra.x", "seed", "train.algorithms", "train.lr"]
-    assert diff.at["train.lr", "a"] == "0.01" and diff.at["seed", "b"] == stages.MISSING
-    assert stages.params_diff(a, a).empty
+    b = {"train": {"lr": 0.02, "rounds": 30, "algorithms": ["fedcache", "local"]}, "extra": {"x": 1}, "seed": 0}
+    c = {"train": {"lr": 0.01, "rounds": 30, "algorithms": ["fedcache"]}, "seed": 1}
+    flat = {name: flatten(p) for name, p in {"a": a, "b": b, "c": c}.items()}
+    diff = data.params_diff(flat).set_index("key")
+    assert list(diff.columns) == ["a", "b", "c"]
+    assert list(diff.index) == ["extra.x", "seed", "train.algorithms", "train.lr"]  # train.rounds agrees: no row
+    assert diff.at["train.lr", "b"] == "0.02" and diff.at["extra.x", "a"] == data.MISSING
+    assert diff.at["train.algorithms", "b"] == '["fedcache", "local"]'
+    assert data.params_diff({"a": flat["a"], "c": flat["c"]}).set_index("key").index.tolist() == ["seed"]
+    assert data.params_diff({"a": flat["a"], "again": flat["a"]}).empty
+
+
+def test_varying_params_filter_runs_by_any_key():
+    runs = pd.DataFrame({
+        "run_id": ["r1", "r2", "r3"], "algorithm": ["fedcache", "fedcache", "local"], "setting": ["homo"] * 3,
+        "dataset": ["mnist"] * 3, "git_rev": ["abc"] * 3,
+        "params": [{"index": {"R": 4}, "seed": 0}, {"index": {"R": 16}, "seed": 0}, {"index": {"R": 16}, "seed": 0}]})
+    varying = data.varying_params(runs)
+    assert varying == {"index.R": ["16", "4"], "run.algorithm": ['"fedcache"', '"local"']}  # seed, git_rev agree
+    assert data.with_param(runs, "index.R", ["16"])["run_id"].tolist() == ["r2", "r3"]
+    assert data.with_param(runs, "run.algorithm", ['"fedcache"'])["run_id"].tolist() == ["r1", "r2"]
+    assert data.with_param(runs, "index.R", []).empty
+
+
+def test_pareto_frontier_is_the_runs_no_other_beats_on_both():
+    table = pd.DataFrame({
+        "run": ["cheap", "best", "dominated", "tie_bytes_worse", "free", "no_rounds"],
+        "algorithm": ["fedcache", "fedavg", "fd", "fedproto", "local", "pdfl"], "setting": ["homo"] * 6,
+        "maua": [0.60, 0.70, 0.55, 0.58, 0.50, None],
+        "bytes_total": [1e6, 1e8, 1e7, 1e6, 0, 0], "bytes_training": [5e5, 1e8, 1e7, 1e6, 0, 0]})
+    pts = data.pareto_points(table).set_index("run")
+    assert "no_rounds" not in pts.index  # no MAUA: nothing to place
+    assert pts["frontier"].to_dict() == {"free": True, "cheap": True, "tie_bytes_worse": False, "dominated": False,
+                                         "best": True}
+    assert pts.index.tolist() == ["free", "cheap", "tie_bytes_worse", "dominated", "best"]  # by bytes, then MAUA
+    # set-up left out: 'cheap' sends half, 'tie_bytes_worse' still as much and less accurate
+    assert data.pareto_points(table, include_setup=False).set_index("run").at["cheap", "bytes"] == 5e5
+    same = table.assign(maua=[0.6] * 5 + [None], bytes_total=[1e6] * 6)  # equal on both: nobody beats anybody
+    assert data.pareto_points(same)["frontier"].all()
 
 
 # ----------------------------------------------------------------------------- index + per-run files
