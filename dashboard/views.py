@@ -124,22 +124,25 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
     text, number = st.column_config.TextColumn, st.column_config.NumberColumn
     # numbers underneath, KB/MB/GB and '2.50x' on screen (data.sortable_table): a click on a header sorts
     # by the numbers. No `format` on those columns: a column_config format would replace the text.
+    # Widths in px: every column fits the main area of a 1280 px window beside the sidebar (the bytes
+    # without set-up are total minus set-up, and in the CSV).
     st.dataframe(
         data.sortable_table(table, include_setup),
         hide_index=True, width="stretch",
         column_config={
-            "run": "run", "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
-            "maua": number("MAUA", format="percent", help="max over rounds of the mean user accuracy"),
-            "final_acc": number("final acc", format="percent"),
-            "bytes_total": number("bytes total", help="up + down, set-up included"),
-            "bytes_training": number("bytes w/o set-up"),
-            "bytes_setup": number("bytes set-up"),
-            "bytes_to_target": number(f"bytes to {target:.0%}",
+            "run": text("run", width=144), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
+            "status": text("status", width=62), "rounds": number("rounds", width=52),
+            "maua": number("MAUA", format="percent", width=62, help="max over rounds of the mean user accuracy"),
+            "final_acc": number("final", format="percent", width=58, help="mean user accuracy of the last round"),
+            "bytes_total": number("bytes", width=72, help="up + down, set-up included"),
+            "bytes_training": None,
+            "bytes_setup": number("set-up", width=64, help="the one-time set-up traffic (round 0)"),
+            "bytes_to_target": number(f"to {target:.0%}", width=70,
                                       help="cumulative bytes when the mean accuracy first reaches the target"),
-            "speedup": number(f"speed-up to {target:.0%}",
+            "speedup": number(f"speed-up to {target:.0%}", width=106,
                               help="bytes the baseline (same setting) needs to reach the level in 'vs' "
                                    "over this run's bytes to reach it"),
-            "speedup_vs": text("vs", help="the baseline run of the same setting and the accuracy compared at: the "
+            "speedup_vs": text("vs", width=130, help="the baseline run of the same setting and the accuracy compared at: the "
                                           "target, or the baseline's best accuracy when it misses the target"),
         })
     st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "

@@ -317,6 +317,21 @@ def test_neighbours_view(app):
     assert [i.proto.imgs[0].caption.split(" · ")[1] for i in at.get("image")] == ["7", "7"]
 
 
+# The main area beside the sidebar in a 1280 px wide window (Streamlit's wide layout; measured in Chromium).
+MAIN_AREA_PX = 820
+
+
+def test_the_comparison_table_fits_a_1280_px_window(app, sample):
+    """Every shown column has a width, and together they fit: no column cut off or scrolled out of view."""
+    at = app()
+    config = json.loads(at.dataframe[0].proto.columns)
+    table = at.dataframe[0].value
+    shown = [c for c in table.columns if not config.get(c, {}).get("hidden")]
+    assert all("width" in config.get(c, {}) for c in shown), [c for c in shown if "width" not in config.get(c, {})]
+    assert sum(config[c]["width"] for c in shown) <= MAIN_AREA_PX, {c: config[c]["width"] for c in shown}
+    assert {"run", "maua", "bytes_total", "bytes_to_target", "speedup", "speedup_vs"} <= set(shown)
+
+
 def test_params_view_diffs_n_runs(app, sample):
     at = app()
     ids = sample.run_ids
