@@ -1,8 +1,8 @@
 """Altair charts over the frames of dashboard.data / dashboard.stages (no Streamlit here).
 
 Colours are fixed per method (a run is drawn in its algorithm's colour, a second run of the same
-method dashed) and per traffic kind, with explicit scale domains and ranges, so a method or a
-kind looks the same in every chart whatever is selected and in whatever order.
+method dashed), with explicit scale domains and ranges, so a method looks the same in every chart
+(the Communication tab's included) whatever is selected and in whatever order.
 """
 
 from __future__ import annotations
@@ -19,12 +19,6 @@ HEIGHT = 420  # the whole chart (title, axes and legend included), as Streamlit 
 METHOD_COLORS = {"fedcache": "#e15759", "fd": "#f28e2b", "fedavg": "#4e79a7", "fedproto": "#59a14f",
                  "local": "#79706e", "pdfl": "#b07aa1", "fedalt": "#76b7b2", "mtfl": "#edc948", "pfedme": "#ff9da7"}
 OTHER_COLORS = ["#9c755f", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#1f77b4", "#bab0ac", "#393b79"]
-# per traffic kind a category20 pair: dark = up, light = down (the ledger's kinds, pipeline/methods)
-KIND_COLORS = {"hashes": ("#8c564b", "#c49c94"), "logits": ("#d62728", "#ff9896"), "knowledge": ("#1f77b4", "#aec7e8"),
-               "class_logits": ("#ff7f0e", "#ffbb78"), "params": ("#2ca02c", "#98df8a"),
-               "prototypes": ("#9467bd", "#c5b0d5"), "model": ("#e377c2", "#f7b6d2"), "feedback": ("#7f7f7f", "#c7c7c7"),
-               "block1": ("#17becf", "#9edae5"), "block2": ("#bcbd22", "#dbdb8d"), "block3": ("#393b79", "#9c9ede")}
-OTHER_KIND_COLORS = [("#637939", "#b5cf6b"), ("#8c6d31", "#e7ba52"), ("#843c39", "#d6616b"), ("#7b4173", "#ce6dbd")]
 DASHES = [[1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [1, 3]]  # solid first: one run per method is always solid
 # 1KB, 10MB: no '0M' ticks on log axes, and KB as the tables write it (d3's SI prefix for 10^3 is 'k')
 BYTES_LABEL = "replace(format(datum.value, '~s'), 'k', 'K') + 'B'"
@@ -37,13 +31,6 @@ def _stable(name: str, palette: list):
 
 def method_color(algorithm: str) -> str:
     return METHOD_COLORS.get(algorithm) or _stable(algorithm, OTHER_COLORS)
-
-
-def kind_color(traffic: str) -> str:
-    """'up · logits' -> the dark shade of logits' pair, 'down · logits' -> the light one."""
-    direction, _, kind = str(traffic).partition(" · ")
-    pair = KIND_COLORS.get(kind) or _stable(kind, OTHER_KIND_COLORS)
-    return pair[direction == "down"]
 
 
 def _runs_of(df: pd.DataFrame, runs: dict[str, str] | None) -> dict[str, str]:
@@ -72,29 +59,42 @@ def _log_bytes_y(decades: list[float], title: str) -> alt.Y:
                  axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
 
 
-def run_color(runs: dict[str, str], legend: bool = True, field: str = "run", title: str = "run") -> alt.Color:
+def run_color(runs: dict[str, str], legend: bool | alt.Legend = True, field: str = "run",
+              title: str = "run") -> alt.Color:
     """Each run (a value of `field`) in its method's colour; the legend lists the runs."""
-    return alt.Color(f"{field}:N", title=title, legend=_legend() if legend else None,
+    legend = _legend() if legend is True else legend or None
+    return alt.Color(f"{field}:N", title=title, legend=legend,
                      scale=alt.Scale(domain=list(runs), range=[method_color(a) for a in runs.values()]))
+
+
+def _repeats(runs: dict[str, str]) -> list[int]:
+    """Per run: how many runs of its method come before it (0 for the first of each method)."""
+    seen: dict[str, int] = {}
+    out = []
+    for algorithm in runs.values():
+        out.append(seen.get(algorithm, 0))
+        seen[algorithm] = seen.get(algorithm, 0) + 1
+    return out
+
+
+BAR_LEGEND = alt.Legend(orient="bottom", columns=2, labelLimit=260, symbolType="square")
+BAR_OPACITY = [1.0, 0.5, 0.3, 0.75, 0.15]
+
+
+def run_bars(runs: dict[str, str]) -> dict:
+    """Bar encodings (colour, opacity) of each run: its method's colour, a second run of the same method
+    lighter (bars show no dash); one legend of squares."""
+    opacity = alt.Opacity("run:N", title="run", legend=BAR_LEGEND, scale=alt.Scale(
+        domain=list(runs), range=[BAR_OPACITY[k % len(BAR_OPACITY)] for k in _repeats(runs)]))
+    return {"color": run_color(runs, BAR_LEGEND), "opacity": opacity}
 
 
 def run_dash(runs: dict[str, str], field: str = "run", title: str = "run") -> alt.StrokeDash:
     """Solid for the first shown run of each method, dashed for a second one of the same method (same
     colour); its legend merges with run_color's (same field, title and legend)."""
-    seen: dict[str, int] = {}
-    dashes = []
-    for algorithm in runs.values():
-        dashes.append(DASHES[seen.get(algorithm, 0) % len(DASHES)])
-        seen[algorithm] = seen.get(algorithm, 0) + 1
+    dashes = [DASHES[k % len(DASHES)] for k in _repeats(runs)]
     return alt.StrokeDash(f"{field}:N", title=title, legend=_legend(),
                           scale=alt.Scale(domain=list(runs), range=dashes))
-
-
-def traffic_color(values) -> alt.Color:
-    """Each 'direction · kind' in its fixed colour (the same in both Communication charts)."""
-    domain = sorted(set(values))
-    return alt.Color("traffic:N", title="direction · kind", legend=alt.Legend(orient="bottom", columns=4),
-                     scale=alt.Scale(domain=domain, range=[kind_color(t) for t in domain]))
 
 
 ACC_Y = alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
@@ -211,37 +211,37 @@ def client_accuracy(history: pd.DataFrame, client_id: int, runs: dict[str, str] 
     ).properties(height=300, autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
-def bytes_by_kind(df: pd.DataFrame, runs: list[str] | None = None) -> alt.Chart:
-    """Total bytes per run, one bar per direction · kind side by side on a log axis (stacking on a log
-    axis would misstate the parts; one-time set-up traffic must not flatten the rest)."""
+def bytes_by_family(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
+    """Total bytes per family and direction (set-up up, knowledge down, ...), one bar per run side by side in
+    its method's colour, on a log axis (one-time set-up traffic must not flatten the rest; stacking on a
+    log axis would misstate the parts)."""
     df = df[df["bytes"] > 0]
+    runs = _runs_of(df, runs)
     decades = _decades(df["bytes"])
-    return alt.Chart(df, title="Bytes by kind and direction").mark_bar().encode(
-        x=alt.X("run:N", title=None, sort=runs, axis=alt.Axis(labelAngle=0, labelLimit=200)),
-        xOffset=alt.XOffset("traffic:N", sort=sorted(set(df["traffic"]))),
+    flows = list(dict.fromkeys(df["flow"]))  # data.bytes_by_family's order: set-up, knowledge, parameters, features
+    return alt.Chart(df, title="Bytes by what they carry and direction").mark_bar().encode(
+        x=alt.X("flow:N", title=None, sort=flows, axis=alt.Axis(labelAngle=0, labelLimit=160)),
+        xOffset=alt.XOffset("run:N", sort=list(runs)),
         y=_log_bytes_y(decades, "bytes (log)"),
         y2=alt.datum(decades[0]),  # bars rise from the axis' bottom decade: a log axis has no 0
-        color=traffic_color(df["traffic"]),
-        tooltip=["run", "traffic", alt.Tooltip("bytes:Q", format=",", title="bytes (B)")],
+        **run_bars(runs),
+        tooltip=["run", alt.Tooltip("flow:N", title="traffic"), alt.Tooltip("kinds:N", title="payload kinds"),
+                 alt.Tooltip("bytes:Q", format=",", title="bytes (B)")],
     ).properties(height=HEIGHT)
 
 
-def bytes_per_round(df: pd.DataFrame, runs: list[str] | None = None) -> alt.LayerChart:
-    """Every selected run's bytes per round and kind, overlaid on a log axis: colour = kind (as in
-    bytes_by_kind), dash and point shape = run (a line mark takes no shape: points on top carry it)."""
+def bytes_per_round(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
+    """Every selected run's bytes per round (up + down), one line each in its method's colour, on a log axis:
+    a one-time set-up round stands out, a method whose traffic grows shows it."""
     df = df[df["bytes"] > 0]
-    runs = runs or list(dict.fromkeys(df["run"]))
-    base = alt.Chart(df).encode(
+    runs = _runs_of(df, runs)
+    return alt.Chart(df, title="Bytes per round (up + down), all selected runs").mark_line(point=True).encode(
         x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
         y=_log_bytes_y(_decades(df["bytes"]), "bytes per round (log)"),
-        color=traffic_color(df["traffic"]))
-    legend = alt.Legend(orient="bottom", columns=2, labelLimit=260)  # one legend for both (same field, title)
-    lines = base.mark_line().encode(strokeDash=alt.StrokeDash("run:N", title="run", legend=legend, scale=alt.Scale(
-        domain=runs, range=[DASHES[i % len(DASHES)] for i in range(len(runs))])))
-    points = base.mark_point(filled=True, size=50).encode(
-        shape=alt.Shape("run:N", title="run", legend=legend, scale=alt.Scale(domain=runs)),
-        tooltip=["run", "round", "traffic", alt.Tooltip("bytes:Q", format=",", title="bytes (B)")])
-    return alt.layer(lines, points).properties(title="Bytes per round, all selected runs", height=HEIGHT)
+        color=run_color(runs), strokeDash=run_dash(runs),
+        tooltip=["run", "round", alt.Tooltip("up:Q", format=",", title="up (B)"),
+                 alt.Tooltip("down:Q", format=",", title="down (B)"), alt.Tooltip("bytes:Q", format=",", title="total (B)")],
+    ).properties(height=HEIGHT)
 
 
 def label_heatmap(mix: pd.DataFrame) -> alt.Chart:

@@ -644,28 +644,55 @@ def client_bytes(snap: Snapshot, client_id: int) -> pd.DataFrame:
     return df[["run", "direction", "kind", "bytes"]].reset_index(drop=True)
 
 
-def bytes_by_kind(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
-    """Total bytes per run, direction and kind (the stacked bars)."""
+# What a payload kind carries (the ledger's kinds, pipeline/methods): four families a reader compares methods by.
+KIND_FAMILIES = {"hashes": "set-up", "logits": "knowledge", "knowledge": "knowledge", "class_logits": "knowledge",
+                 "server_logits": "knowledge", "params": "parameters", "model": "parameters", "feedback": "parameters",
+                 "global": "parameters", "block1": "parameters", "block2": "parameters", "block3": "parameters",
+                 "prototypes": "features", "features": "features"}
+FAMILY_ORDER = ["set-up", "knowledge", "parameters", "features"]
+
+
+def family(kind: str) -> str:
+    """'logits' -> 'knowledge'; a kind no method here sends stays itself."""
+    return KIND_FAMILIES.get(kind, kind)
+
+
+def _traffic(snap: Snapshot, include_setup: bool) -> pd.DataFrame:
     df = snap.comm_rounds
     if not include_setup:
         df = df[df["round"] > 0]
+    df = df.assign(family=[family(k) for k in df["kind"]])
+    return _with_run(snap, df.reset_index(drop=True))
+
+
+def bytes_by_family(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
+    """Total bytes per run, family and direction (`flow`: 'knowledge up'), with the kinds it sums."""
+    df = _traffic(snap, include_setup)
+    columns = ["run", "algorithm", "family", "direction", "flow", "kinds", "bytes"]
     if df.empty:
-        return pd.DataFrame(columns=["run", "direction", "kind", "traffic", "bytes"])
-    out = df.groupby(["run_id", "direction", "kind"], sort=False, as_index=False)["bytes"].sum()
-    out["run"] = [snap.label(r) for r in out["run_id"]]
-    out["traffic"] = out["direction"] + " · " + out["kind"]
-    return out[["run", "direction", "kind", "traffic", "bytes"]]
+        return pd.DataFrame(columns=columns)
+    out = df.groupby(["run", "algorithm", "family", "direction"], sort=False, as_index=False).agg(
+        kinds=("kind", lambda k: ", ".join(sorted(set(k)))), bytes=("bytes", "sum"))
+    out["flow"] = out["family"] + " " + out["direction"]
+    rank = {f: i for i, f in enumerate(FAMILY_ORDER)}  # the families in reading order, then any other; up first
+    out = out.sort_values(["family", "direction"], key=lambda c: c.map(rank).fillna(len(rank)) if c.name == "family"
+                          else c.map({"up": 0, "down": 1}), kind="stable")
+    return out[columns].reset_index(drop=True)
 
 
 def bytes_per_round(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
-    """Bytes per run, round, direction and kind (every selected run, for one overlaid chart)."""
-    df = snap.comm_rounds
-    if not include_setup:
-        df = df[df["round"] > 0]
-    df = df.copy()
-    df["run"] = [snap.label(r) for r in df["run_id"]]
-    df["traffic"] = df["direction"] + " · " + df["kind"]
-    return df[["run", "run_id", "round", "direction", "kind", "traffic", "bytes"]].reset_index(drop=True)
+    """Bytes per run and round, up and down and their total (every selected run, one line each)."""
+    df = _traffic(snap, include_setup)
+    columns = ["run", "run_id", "algorithm", "round", "up", "down", "bytes"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    out = df.pivot_table(index=["run", "run_id", "algorithm", "round"], columns="direction", values="bytes",
+                         aggfunc="sum", fill_value=0).reset_index()
+    for direction in ("up", "down"):
+        if direction not in out:
+            out[direction] = 0
+    out["bytes"] = out["up"] + out["down"]
+    return out[columns].sort_values(["run", "round"]).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- seeds as groups

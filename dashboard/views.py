@@ -251,13 +251,17 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
 
 
 def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
-    totals = data.bytes_by_kind(snap, include_setup)
+    totals = data.bytes_by_family(snap, include_setup)
     if totals.empty:
         st.info("No bytes recorded for the selected runs (local-only training sends nothing).")
         return
-    with_bytes = [snap.label(r) for r in ids if r in set(snap.comm_rounds["run_id"])]
-    st.altair_chart(charts.bytes_by_kind(totals, with_bytes), width="stretch")
-    st.altair_chart(charts.bytes_per_round(data.bytes_per_round(snap, include_setup), with_bytes), width="stretch")
+    sending = set(snap.comm_rounds["run_id"])
+    runs = data.run_algorithms(snap, [r for r in ids if r in sending])  # label -> method: its colour
+    with_bytes = list(runs)
+    st.altair_chart(charts.bytes_by_family(totals, runs), width="stretch")
+    st.caption("What the bytes carry: set-up (FedCache's hashes), knowledge (logits, soft labels), parameters "
+               "(models, blocks, pDFL's feedback copies), features (prototypes, GKT's feature maps).")
+    st.altair_chart(charts.bytes_per_round(data.bytes_per_round(snap, include_setup), runs), width="stretch")
     silent = [snap.label(r) for r in ids if snap.label(r) not in with_bytes]
     if silent:
         st.caption("No traffic: " + ", ".join(silent))

@@ -267,21 +267,22 @@ def scale(spec: dict, channel: str = "color") -> dict:
 def test_communication_view(app, sample):
     at = app()
     ch = charts(at)
-    by_kind, per_round = ch["Bytes by kind and direction"], ch["Bytes per round, all selected runs"]
-    totals = frame(by_kind)
-    assert {"up · hashes", "up · logits", "down · knowledge"} <= set(totals["traffic"])
+    by_family, per_round = ch["Bytes by what they carry and direction"], ch["Bytes per round (up + down), all selected runs"]
+    totals = frame(by_family)
+    assert {"set-up up", "knowledge up", "knowledge down"} <= set(totals["flow"])
     # both on a log bytes axis (FedCache's set-up round does not flatten the rest), byte-unit tick labels
-    for spec in (by_kind, per_round):
-        y = (spec.get("layer") or [spec])[0]["encoding"]["y"]
+    for spec in (by_family, per_round):
+        y = spec["encoding"]["y"]
         assert y["scale"]["type"] == "log" and "B'" in y["axis"]["labelExpr"]
         assert y["axis"]["values"][0] <= frame(spec)["bytes"].min() and y["axis"]["values"][-1] >= frame(spec)["bytes"].max()
-    assert by_kind["encoding"]["y2"]["datum"] == by_kind["encoding"]["y"]["axis"]["values"][0]  # bars need a base > 0
-    # every selected run that sends bytes, overlaid; the same fixed colour per kind in both charts
+    assert by_family["encoding"]["y2"]["datum"] == by_family["encoding"]["y"]["axis"]["values"][0]  # bars need a base > 0
+    # every selected run that sends bytes, one line each, in its method's colour in both charts
     assert set(frame(per_round)["run"]) == {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}
     assert (frame(per_round)["bytes"] > 0).all()
-    assert scale(by_kind) == scale(per_round) and scale(by_kind)["up · logits"] == charts_mod.KIND_COLORS["logits"][0]
+    assert scale(by_family) == scale(per_round) == {"fedcache/homo aaaaaa": charts_mod.METHOD_COLORS["fedcache"],
+                                                    "fedcache/hetero cccccc": charts_mod.METHOD_COLORS["fedcache"]}
     at.sidebar.toggle(key="include_setup").set_value(False).run()
-    assert "up · hashes" not in set(frame(charts(at)["Bytes by kind and direction"])["traffic"])
+    assert "set-up up" not in set(frame(charts(at)["Bytes by what they carry and direction"])["flow"])
     assert "local/homo bbbbbb" in texts(at, "caption")  # listed as sending nothing
 
 

@@ -79,9 +79,9 @@ def test_snapshot_views(sample):
     assert fc["cum_s"].tolist() == pytest.approx([0.5 * (r + 1) for r in range(sample_data.ROUNDS + 1)])  # sum of wall_s
     best = data.best_round_clients(snap)
     assert best.groupby("run_id")["client_id"].count().tolist() == [sample_data.K] * 2
-    by_kind = data.bytes_by_kind(snap)
-    assert set(by_kind["traffic"]) == {"up · hashes", "up · logits", "down · knowledge"}
-    assert set(data.bytes_by_kind(snap, include_setup=False)["kind"]) == {"logits", "knowledge"}
+    by_family = data.bytes_by_family(snap)
+    assert set(by_family["flow"]) == {"set-up up", "knowledge up", "knowledge down"}
+    assert set(data.bytes_by_family(snap, include_setup=False)["family"]) == {"knowledge"}
     assert data.client_history(snap, 0)["round"].max() == sample_data.ROUNDS
     assert not data.client_bytes(snap, 0).empty
     assert data.default_target(data.series(snap, ids)) == pytest.approx(0.64)
@@ -92,7 +92,7 @@ def test_snapshot_views(sample):
     snap.runs.at[first, "params"] = {**snap.runs.at[first, "params"], "report": {"target_acc": {"mnist": 0.7}}}
     assert data.default_target(data.series(snap, ids), snap) == pytest.approx(0.64)  # not by all: the lowest MAUA
     for chart in (charts.accuracy_vs_round(curves), charts.accuracy_vs_round(curves, x="time"),
-                  charts.client_spread(best), charts.bytes_by_kind(by_kind),
+                  charts.client_spread(best), charts.bytes_by_family(by_family),
                   charts.bytes_per_round(data.bytes_per_round(snap)),
                   charts.accuracy_vs_bytes(curves, table[["run", "maua"]].iloc[1:])):
         assert chart.to_dict()  # valid Vega-Lite
@@ -343,8 +343,8 @@ def _colours(chart, channel: str = "color") -> dict:
     return dict(zip(enc["scale"]["domain"], enc["scale"]["range"]))
 
 
-def test_colours_are_fixed_per_method_and_traffic_kind(sample):
-    """A method (and a traffic kind) gets the same colour whatever is selected and in whatever order."""
+def test_colours_are_fixed_per_method(sample):
+    """A method gets the same colour in every chart whatever is selected and in whatever order."""
     ids = sample.run_ids
     one = data.load_snapshot(sample.results_db, [ids["fedcache"], ids["local"]])
     other = data.load_snapshot(sample.results_db, [ids["local"], ids["fedcache_hetero"], ids["fedcache"]])
@@ -364,12 +364,29 @@ def test_colours_are_fixed_per_method_and_traffic_kind(sample):
     script = "from dashboard.charts import method_color; print(method_color('newalgo'))"
     assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**os.environ, "PYTHONHASHSEED": "1"}).stdout.strip() == charts.method_color("newalgo")
-    # traffic kinds: fixed colours, the same in both Communication charts; up and down differ
-    by_kind = _colours(charts.bytes_by_kind(data.bytes_by_kind(one)))
-    per_round = _colours(charts.bytes_per_round(data.bytes_per_round(one)))
-    assert by_kind == per_round
-    assert by_kind["up · logits"] == charts.KIND_COLORS["logits"][0] != charts.kind_color("down · logits")
-    assert _colours(charts.bytes_by_kind(data.bytes_by_kind(other)))["up · hashes"] == by_kind["up · hashes"]
+    # the Communication charts too: a run in its method's colour, whatever else is selected
+    for snap in (one, other):
+        runs = data.run_algorithms(snap, [r for r in snap.runs["run_id"] if r in set(snap.comm_rounds["run_id"])])
+        for chart in (charts.bytes_by_family(data.bytes_by_family(snap), runs),
+                      charts.bytes_per_round(data.bytes_per_round(snap), runs)):
+            assert _colours(chart)["fedcache/homo aaaaaa"] == charts.METHOD_COLORS["fedcache"]
+
+
+def test_traffic_by_family_and_per_round(sample):
+    ids = sample.run_ids
+    snap = data.load_snapshot(sample.results_db, [ids["fedcache"], ids["local"]])
+    fam = data.bytes_by_family(snap)
+    fed = fam[fam["run"] == "fedcache/homo aaaaaa"]
+    assert fed["flow"].tolist() == ["set-up up", "knowledge up", "knowledge down"]  # reading order, up first
+    assert fed.set_index("flow").at["knowledge up", "kinds"] == "logits"
+    raw = snap.comm_rounds[snap.comm_rounds["run_id"] == ids["fedcache"]]
+    assert fed["bytes"].sum() == raw["bytes"].sum()  # every byte in one family
+    assert "set-up up" not in set(data.bytes_by_family(snap, include_setup=False)["flow"])
+    per_round = data.bytes_per_round(snap).set_index(["run_id", "round"])
+    one = raw[raw["round"] == 1]
+    assert per_round.at[(ids["fedcache"], 1), "up"] == one.loc[one["direction"] == "up", "bytes"].sum()
+    assert per_round.at[(ids["fedcache"], 1), "bytes"] == one["bytes"].sum()
+    assert data.family("block2") == "parameters" and data.family("something_new") == "something_new"
 
 
 @pytest.fixture
