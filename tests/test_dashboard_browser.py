@@ -1,7 +1,9 @@
 """End to end: `streamlit run` on 127.0.0.1, opened in headless Chromium (Debian's, driven by
 Playwright's Python package; no browser download), against the sample inputs. Checks the
-charts and the comparison table, the SVG and PDF downloads, every tab, that a run written while
-the page is open shows up without a reload, and saves screenshots to artifacts/ (git-ignored).
+charts and the comparison table, the Pareto scatter, the SVG and PDF downloads, every tab, that a
+run written while the page is open shows up without a reload, that a link with runs and a target
+reproduces the view, that a damaged index falls back to the per-run files with a banner, and saves
+screenshots to artifacts/ (git-ignored).
 
 Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
 missing the test tries that once and skips, saying why, only if there is still none.
@@ -109,6 +111,19 @@ for rnd in range(4):
     time.sleep(0.3)
 """
 
+# Two intact per-run files (runs/<name>/run.duckdb), read when the index beside them is damaged.
+RUN_FILES_WRITER = """
+import sys
+from pathlib import Path
+from pipeline.results.store import RunResultsDB
+for i, name in enumerate(("fedcache", "local"), start=1):
+    run = RunResultsDB(Path(sys.argv[1]) / name / "run.duckdb")
+    run.start_run(f"pfl-{i}", name, "mnist", "homo", {}, "abc")
+    for r in range(3):
+        run.write_round(f"pfl-{i}", r, 0.3 + 0.1 * r, 10, 10, 1.0, [(0, 0.3 + 0.1 * r, 10)], [], {})
+    run.finish_run(f"pfl-{i}")
+"""
+
 
 def test_dashboard_in_chromium(chromium, server):
     import json
@@ -129,7 +144,7 @@ def test_dashboard_in_chromium(chromium, server):
             expect(table.locator("table td").first).to_be_attached(timeout=90_000)
             load_s = time.monotonic() - t0
             overview = page.locator(f"{PANEL}:visible")
-            expect(overview.locator(f"{CHART} svg.marks")).to_have_count(2, timeout=90_000)
+            expect(overview.locator(f"{CHART} svg.marks")).to_have_count(3, timeout=90_000)  # + the Pareto scatter
 
             # the table: the runs and the MAUA of the FedCache run (expect() retries: the page refreshes every second)
             grid = page.locator(f"{TABLE} table").first
@@ -141,13 +156,17 @@ def test_dashboard_in_chromium(chromium, server):
             expect(charts_svg.nth(0)).to_contain_text("Mean user accuracy vs round")
             expect(charts_svg.nth(1)).to_contain_text("cumulative bytes (log)")
             expect(charts_svg.nth(0).locator("g.mark-line path")).to_have_count(3)
+            # the answer at a glance: MAUA against bytes, the frontier labelled; local sends nothing and
+            # is drawn as a rule at zero bytes, not a point on the log axis
+            expect(charts_svg.nth(2)).to_contain_text("the Pareto frontier")
+            expect(charts_svg.nth(2)).to_contain_text("fedcache/homo aaaaaa")
             expect(page.locator('[data-testid="stException"]')).to_have_count(0)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
             # each overview chart downloads as SVG and PDF, the file made by the server when clicked
             for fmt, head in (("SVG", b"<svg"), ("PDF", b"%PDF")):
                 buttons = overview.get_by_role("button", name=fmt)
-                expect(buttons).to_have_count(2)
+                expect(buttons).to_have_count(3)
                 with page.expect_download(timeout=60_000) as download:
                     buttons.first.click()
                 assert download.value.suggested_filename == f"accuracy_vs_round.{fmt.lower()}"
@@ -157,9 +176,10 @@ def test_dashboard_in_chromium(chromium, server):
             # bounds, not waits: generous, since a tab's charts render only once it is shown, and on a
             # 2-core machine with the other core busy a third chart took more than 15 s once
             expected = {"Clients": (CHART, 3), "Communication": (CHART, 2),
+                        "Cache": (CHART, 4),  # coverage, staleness, teacher vs students, entropy: 2 FedCache runs
                         "Ablations": ('code:text("pipeline.experiments.sweeps run ablation_alpha")', 1),  # no sweep runs here
                         "Partition": (CHART, 1), "Neighbours": ('[data-testid="stImage"] img', 4),
-                        "Params": ('[data-testid="stJson"]', 2)}
+                        "Params": (TABLE, 1)}  # the runs' params diff; one run's in full below it
             for name, (selector, n) in expected.items():
                 page.get_by_role("tab", name=name).click()
                 panel = page.locator(f"{PANEL}:visible")
@@ -182,6 +202,24 @@ def test_dashboard_in_chromium(chromium, server):
             expect(page.locator(f"{PANEL}:visible {TABLE} table").first).to_contain_text("fedcache/homo eeeeee")
             expect(page.locator('[data-testid="stException"]')).to_have_count(0)
             page.screenshot(path=str(ARTIFACTS / "dashboard_live.png"), full_page=True)
+
+            # a link reproduces the view: the runs and the target in the query string
+            fedcache, local = sample.run_ids["fedcache"], sample.run_ids["local"]
+            page.goto(f"{url}?runs={fedcache}&runs={local}&target=0.55")
+            grid = page.locator(f"{PANEL}:visible {TABLE} table").first
+            expect(grid).to_contain_text("local/homo bbbbbb")
+            expect(grid).not_to_contain_text("fedcache/hetero cccccc")
+            expect(page.get_by_label("Target mean accuracy (for bytes to target and speed-up)")).to_have_value("0.55")
+            assert f"runs={local}" in page.url  # and the view writes itself back into the URL
+
+            # a damaged index beside intact per-run files: those are shown, and a banner says why
+            runs_dir = sample.results_db.parent / "runs"
+            subprocess.run([sys.executable, "-c", RUN_FILES_WRITER, str(runs_dir)], cwd=ROOT, check=True, timeout=60)
+            sample.results_db.write_bytes(b"not a database" * 1000)
+            page.goto(url)
+            expect(page.get_by_text("showing the 2 per-run files")).to_be_visible(timeout=90_000)
+            expect(page.locator(f"{PANEL}:visible {TABLE} table").first).to_contain_text("pfl-2")
+            page.screenshot(path=str(ARTIFACTS / "dashboard_damaged_index.png"), full_page=True)
         finally:
             browser.close()
     print(f"page load (navigation -> table visible): {load_s:.2f} s")
