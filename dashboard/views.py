@@ -267,6 +267,44 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
         st.caption("No traffic: " + ", ".join(silent))
 
 
+def view_cache(snap: data.Snapshot, ids: list[str]) -> None:
+    """FedCache's knowledge cache per evaluated round (data.CACHE_METRICS), for the selected runs that recorded
+    it: coverage, staleness, the teachers' accuracy beside the students' and the teachers' entropy."""
+    stats = data.cache_stats(snap)
+    algorithms = snap.runs.set_index("run_id")["algorithm"]
+    without = [snap.label(r) for r in ids if r in algorithms.index and algorithms[r] == "fedcache"
+               and r not in set(stats["run_id"]) and r in set(snap.rounds["run_id"])]  # FedCache runs from before
+    older = f"{', '.join(without)} ran before FedCache recorded its cache" if without else ""
+    if stats.empty:
+        have = [snap.label(r) for r in reversed(snap.cache_runs)]  # newest first
+        text = ("None of the selected runs recorded its knowledge cache" + (f" ({older})" if older else "")
+                + ". FedCache runs do, every evaluated round (coverage, staleness, teacher accuracy and entropy).")
+        if have:
+            more = f" and {len(have) - 5} more" if len(have) > 5 else ""
+            text += f" Runs that have it: {', '.join(have[:5])}{more}; pick one in the sidebar."
+        else:
+            text += (" No run has it yet: start one with `make run` (FedCache is in `train.algorithms`), or "
+                     "`.venv/bin/python -m flows.train fedcache`.")
+        st.info(text)
+        return
+    runs = data.run_algorithms(snap, list(dict.fromkeys(stats["run_id"])))  # label -> method: its colour
+    st.caption("What FedCache's server holds at the end of each evaluated round, over all training samples. "
+               "A sample's teacher is the mean of the cached logits of its R neighbours that have uploaded any. "
+               "Coverage: the share of samples with a teacher. Staleness: the mean age, in rounds, of the "
+               "neighbour knowledge the teachers are built from. Teacher accuracy: the share of teachers whose "
+               "largest logit is the sample's label (training samples), beside the students' mean user accuracy "
+               "(test splits). Entropy: of softmax(teacher / fedcache.T), in nats (uniform over C classes: "
+               "ln C, 2.30 for 10).")
+    for pair in (("cache_coverage", "cache_staleness"), ("cache_teacher_acc", "cache_teacher_entropy")):
+        for column, metric in zip(st.columns(2), pair):
+            with column:
+                chart = (charts.teacher_vs_students(stats, runs) if metric == "cache_teacher_acc"
+                         else charts.cache_metric(stats, metric, runs))
+                st.altair_chart(chart, width="stretch")
+    if without:
+        st.caption(f"No cache metrics: {older}.")
+
+
 SWEEP_COMMANDS = ("ablation_alpha", "ablation_R", "ablation_data_share")
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from streamlit.components.v2 import manifest_scanner
@@ -298,6 +299,53 @@ def test_colour_per_method_whatever_the_selection(app, sample):
                   "Per-client accuracy at each run's best round"):
         after = scale(ch[title])
         assert {k: before[k] for k in after} == after, title
+
+
+CACHE_TITLES = {"cache_coverage": "Cache coverage: samples with a teacher",
+                "cache_staleness": "Staleness: age of the knowledge teachers are built from",
+                "cache_teacher_acc": "Teacher accuracy (cache) vs the students' mean user accuracy",
+                "cache_teacher_entropy": "Teacher entropy: how soft the teachers are"}
+
+
+def test_cache_view(app, sample, tmp_path):
+    """The Cache tab: FedCache's knowledge cache per round, one chart per metric, the selected FedCache runs only,
+    in FedCache's colour; the teachers' accuracy beside the students' mean user accuracy."""
+    at = app()
+    assert_clean(at)
+    ch = charts(at)
+    fedcache_runs = {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}  # the local run records no cache
+    for metric, title in CACHE_TITLES.items():
+        assert set(frame(ch[title])["run"]) == fedcache_runs, title
+        assert set(scale(ch[title]).values()) == {charts_mod.METHOD_COLORS["fedcache"]}, title
+    coverage = frame(ch[CACHE_TITLES["cache_coverage"]])
+    assert coverage["cache_coverage"].between(0, 1).all() and coverage["round"].max() == sample_data.ROUNDS
+    assert ch[CACHE_TITLES["cache_coverage"]]["encoding"]["y"]["axis"]["format"] == "%"
+    assert (frame(ch[CACHE_TITLES["cache_staleness"]])["cache_staleness"] >= 0).all()
+    assert 0 not in set(frame(ch[CACHE_TITLES["cache_staleness"]])["round"])  # set-up: no teacher, no age
+    teacher = frame(ch[CACHE_TITLES["cache_teacher_acc"]])
+    homo = teacher[teacher["run"] == "fedcache/homo aaaaaa"].pivot(index="round", columns="curve", values="acc")
+    accs = sample_data.curve(0.8123)
+    assert homo["students (mean user accuracy)"].tolist() == pytest.approx(accs)
+    assert homo["teacher (cache)"].dropna().tolist() == pytest.approx(
+        [sample_data.cache_metrics(r, a)["cache_teacher_acc"] for r, a in enumerate(accs) if r > 0])
+    assert "softmax(teacher / fedcache.T)" in texts(at, "caption")
+
+    # no selected run recorded the cache: a note naming the runs that did
+    at.sidebar.multiselect(key="runs").set_value([sample.run_ids["local"]]).run()
+    assert_clean(at)
+    assert not set(CACHE_TITLES.values()) & set(charts(at))
+    assert "Runs that have it: fedcache/hetero cccccc, fedcache/homo aaaaaa" in texts(at, "info")
+
+    # none in the whole file (a FedCache run from before the metrics): how to get one
+    db = ResultsDB(tmp_path / "old.duckdb")
+    sample_data.write_run(db, "fedcache-20250101-000000-old000", "fedcache", "homo",
+                          sample_data.params_for(sample.root), np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.8))
+    with db.connect() as con:
+        con.execute("DELETE FROM round_metrics")
+    at = app(FEDCACHE_RESULTS_DB=db.path)
+    assert_clean(at)
+    note = texts(at, "info")
+    assert "ran before FedCache recorded its cache" in note and "`make run`" in note
 
 
 def test_partition_view(app, sample):

@@ -17,6 +17,7 @@ import pytest
 from dashboard import charts, data, sample_data, stages
 from dashboard.config import load_config
 from pipeline.experiments.dvc import flatten
+from pipeline.results.store import ResultsDB
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,41 @@ def test_snapshot_views(sample):
                   charts.bytes_per_round(data.bytes_per_round(snap)),
                   charts.accuracy_vs_bytes(curves, table[["run", "maua"]].iloc[1:])):
         assert chart.to_dict()  # valid Vega-Lite
+
+
+
+def test_cache_stats_of_the_selected_fedcache_runs(sample, tmp_path):
+    """The Cache tab's frame: per FedCache run and round, the four knowledge-cache metrics beside the run's
+    mean accuracy (NaN where a round has none), in the selection's order; other runs have no rows."""
+    ids = [sample.run_ids[k] for k in ("fedcache_hetero", "local", "fedcache")]
+    snap = data.load_snapshot(sample.results_db, ids)
+    stats = data.cache_stats(snap)
+    assert list(stats.columns) == ["run", "algorithm", "run_id", "round", *data.CACHE_METRICS, "mean_acc"]
+    assert list(dict.fromkeys(stats["run_id"])) == [ids[0], ids[2]]  # FedCache only, the caller's order
+    assert snap.cache_runs == [sample.run_ids["fedcache"], sample.run_ids["fedcache_hetero"]]  # oldest first
+    fc = stats[stats["run_id"] == sample.run_ids["fedcache"]]
+    accs = sample_data.curve(0.8123)
+    assert fc["round"].tolist() == list(range(sample_data.ROUNDS + 1))
+    assert fc["mean_acc"].tolist() == pytest.approx(accs)
+    for name in data.CACHE_METRICS:
+        expected = [sample_data.cache_metrics(r, a).get(name, np.nan) for r, a in enumerate(accs)]
+        np.testing.assert_array_equal(fc[name].to_numpy(), np.array(expected, dtype=float), err_msg=name)
+    assert fc["run"].iloc[0] == "fedcache/homo aaaaaa" and set(stats["algorithm"]) == {"fedcache"}
+    for metric in ("cache_coverage", "cache_staleness", "cache_teacher_entropy"):
+        assert charts.cache_metric(stats, metric).to_dict()  # valid Vega-Lite
+    assert charts.teacher_vs_students(stats).to_dict()
+
+    # no selected run recorded it: an empty frame, and the runs that have it are still known
+    snap = data.load_snapshot(sample.results_db, [sample.run_ids["local"]])
+    assert data.cache_stats(snap).empty and len(snap.cache_runs) == 2
+    # a results file without any (FedCache runs from before the metrics, local runs): none known
+    db = ResultsDB(tmp_path / "old.duckdb")
+    sample_data.write_run(db, "fedcache-old", "fedcache", "homo", sample_data.params_for(sample.root),
+                          np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.8))
+    with db.connect() as con:
+        con.execute("DELETE FROM round_metrics")
+    snap = data.load_snapshot(db.path, ["fedcache-old"])
+    assert data.cache_stats(snap).empty and snap.cache_runs == [] and not snap.rounds.empty
 
 
 HOLD = """

@@ -114,3 +114,85 @@ def test_state_round_trip():
     other.load_state_dict(cache.state_dict())
     torch.testing.assert_close(other.fetch(torch.tensor([1, 2])), cache.fetch(torch.tensor([1, 2])))
     assert other.updated_in.tolist() == [5, -1, -1, 5]
+
+
+def _entropy(logits, T):
+    """Entropy (nats) of softmax(logits / T), by hand in float64."""
+    e = [math.exp(a / T) for a in logits]
+    p = [a / sum(e) for a in e]
+    return -sum(q * math.log(q) for q in p)
+
+
+def test_cache_stats_on_a_hand_built_cache():
+    """5 samples, R = 2, 3 classes, at the end of round 4: sample 0 uploaded in round 1, sample 1 in round 3,
+    the others never. Teachers: 0 <- {1} = (0,4,0); 1 <- {0} = (2,0,0); 2 <- {0,1} = (1,2,0); 3 <- {1} = (0,4,0);
+    4 <- {2,3}: none known, no teacher."""
+    relations = torch.tensor([[1, 2], [0, 2], [0, 1], [1, 4], [2, 3]])
+    cache = KnowledgeCache(relations, num_classes=3, consistency="round")
+    cache.update(torch.tensor([0]), torch.tensor([[2.0, 0.0, 0.0]]), 1)
+    cache.update(torch.tensor([1]), torch.tensor([[0.0, 4.0, 0.0]]), 3)
+    labels = torch.tensor([1, 0, 2, 1, 0])
+    stats = cache.stats(4, labels, T=2.0)
+    assert stats["cache_coverage"] == 4 / 5
+    # every (sample, known neighbour) pair: ages 1 | 3 | 3, 1 | 1 -> 9 / 5 (a mean per sample first would be 7 / 4)
+    assert stats["cache_staleness"] == 9 / 5
+    assert stats["cache_teacher_acc"] == 3 / 4  # argmax 1, 0, 1, 1 against labels 1, 0, 2, 1
+    expected = (2 * _entropy([0, 4, 0], 2.0) + _entropy([2, 0, 0], 2.0) + _entropy([1, 2, 0], 2.0)) / 4
+    assert stats["cache_teacher_entropy"] == pytest.approx(expected, rel=1e-12, abs=0)
+    # the stats read the live cache, not the round-start snapshot fetch() reads under `round`
+    cache.begin_round()
+    cache.update(torch.tensor([2, 3, 4]), torch.tensor([[0.0, 0.0, 1.0]] * 3), 5)
+    assert cache.stats(5, labels, T=2.0)["cache_coverage"] == 1.0
+    assert "cache_teacher_acc" not in cache.stats(5, None, T=2.0)  # no labels: no accuracy
+
+
+def test_cache_stats_of_an_empty_and_of_a_zero_initialised_cache():
+    relations = torch.tensor([[1, 2], [0, 2], [0, 1], [1, 4], [2, 3]])
+    labels = torch.tensor([1, 0, 2, 1, 0])
+    empty = KnowledgeCache(relations, num_classes=3, cold_start="skip")
+    assert empty.stats(0, labels, T=3.0) == {"cache_coverage": 0.0}  # no teacher: nothing else is defined
+    zeros = KnowledgeCache(relations, num_classes=3, cold_start="zeros")
+    stats = zeros.stats(2, labels, T=3.0)
+    # the paper's zero vectors count as knowledge of round 0; an all-zero teacher is uniform and its argmax class 0
+    assert stats == {"cache_coverage": 1.0, "cache_staleness": 2.0, "cache_teacher_acc": 2 / 5,
+                     "cache_teacher_entropy": pytest.approx(math.log(3), rel=1e-12, abs=0)}
+
+
+def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist):
+    import duckdb
+
+    from conftest import tiny
+    from pipeline import paths
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.results.store import RunResultsDB
+    from pipeline.train.engine import Trainer
+
+    _, params, part = tiny_workspace
+    params = tiny(params, "fedcache")
+    trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.run_dir("fedcache"),
+                      paths.checkpoint_path("fedcache"), RunResultsDB(paths.run_results("fedcache")), [paths.PARTITION])
+    summary = trainer.run()
+    con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
+    rows = con.execute("SELECT round, name, value FROM round_metrics WHERE run_id = ? AND name LIKE 'cache_%' "
+                       "ORDER BY ALL", [summary["run_id"]]).fetchall()
+    con.close()
+    metrics = {(r, name): v for r, name, v in rows}
+    names = {"cache_coverage", "cache_staleness", "cache_teacher_acc", "cache_teacher_entropy"}
+    assert {name for r, name in metrics if r == 0} == {"cache_coverage"}  # set-up: nothing cached yet
+    assert metrics[(0, "cache_coverage")] == 0.0
+    for r in (1, 2):
+        assert {name for rr, name in metrics if rr == r} == names
+        assert 0 <= metrics[(r, "cache_coverage")] <= 1
+        assert metrics[(r, "cache_staleness")] >= 0
+        assert 0 <= metrics[(r, "cache_teacher_acc")] <= 1
+        assert 0 <= metrics[(r, "cache_teacher_entropy")] <= math.log(part.num_classes) + 1e-9
+    # every client trains every round, so every sample's knowledge is this round's
+    assert metrics[(2, "cache_coverage")] == 1.0 and metrics[(2, "cache_staleness")] == 0.0
+    # the teacher accuracy is the clients' teachers (fetch) against the labels of the set-up upload
+    server = trainer.algorithm
+    server.cache.begin_round()  # fetch() under `round` reads the snapshot: take it of the final cache
+    teachers = server.cache.fetch(torch.arange(part.num_train))
+    labels = torch.from_numpy(part.train_labels)
+    assert torch.equal(server.labels, labels)
+    assert torch.equal(server.state_dict()["labels"], labels)  # kept in the checkpoint for a resumed run
+    assert metrics[(2, "cache_teacher_acc")] == pytest.approx((teachers.argmax(1) == labels).double().mean().item())

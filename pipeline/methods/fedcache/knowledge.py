@@ -19,6 +19,14 @@ first round under `round` consistency every sample trains on CE only; under `liv
 of clients that train later in round 1 already see earlier clients' logits. With "zeros"
 the cache starts as the paper's all-zero vectors (eq. 9) and every neighbour counts, so early
 teachers are pulled toward the uniform distribution (the official behaviour).
+
+stats(round_, labels, T) says what the cache holds, over all N samples, as the run's per-round
+metrics (the dashboard's Cache tab): cache_coverage, the share of samples with a teacher (a
+neighbour with knowledge); cache_staleness, the mean age in rounds (round_ - the round it was
+uploaded; the zero-initialised knowledge of cold_start "zeros" counts as round 0's) of the
+neighbour knowledge the teachers are built from, over every (sample, known neighbour) pair;
+cache_teacher_acc, the share of samples with a teacher whose teacher's argmax is their label;
+cache_teacher_entropy, the mean entropy (nats) of softmax(teacher / T) over those samples.
 """
 
 from __future__ import annotations
@@ -70,6 +78,38 @@ class KnowledgeCache:
         self.logits[ids] = logits.detach().to(self.logits.dtype)
         self.known[ids] = True
         self.updated_in[ids] = round_
+
+    def stats(self, round_: int, labels: torch.Tensor | None, T: float, chunk: int = 16384) -> dict[str, float]:
+        """The cache as it stands now (the live cache, not a round-start snapshot), over all N samples, in
+        float64 (see the module docstring). The teacher figures are left out when no sample has a teacher,
+        the accuracy when `labels` is None. Chunks of samples bound the [chunk, R, C] gather."""
+        n = self.relations.shape[0]
+        if n == 0:
+            return {}
+        covered = correct = pairs = 0
+        age_sum = entropy_sum = 0.0
+        for lo in range(0, n, chunk):
+            nbrs = self.relations[lo:lo + chunk]  # [b, R]
+            weight = self.known[nbrs].double()  # [b, R]
+            count = weight.sum(dim=1)
+            has = count > 0
+            age = (round_ - self.updated_in[nbrs].clamp(min=0)).double()  # zero-initialised knowledge: round 0's
+            age_sum += float((age * weight).sum())
+            pairs += int(count.sum())
+            covered += int(has.sum())
+            teacher = ((self.logits[nbrs].double() * weight.unsqueeze(-1)).sum(dim=1)[has]
+                       / count[has].unsqueeze(-1))  # [b', C], as fetch() builds it
+            if labels is not None:
+                correct += int((teacher.argmax(dim=1) == labels[lo:lo + chunk][has].long()).sum())
+            log_p = torch.log_softmax(teacher / T, dim=1)
+            entropy_sum += float(-(log_p.exp() * log_p).sum())
+        out = {"cache_coverage": covered / n}
+        if covered:
+            out["cache_staleness"] = age_sum / pairs
+            if labels is not None:
+                out["cache_teacher_acc"] = correct / covered
+            out["cache_teacher_entropy"] = entropy_sum / covered
+        return out
 
     def state_dict(self) -> dict:
         return {"logits": self.logits.clone(), "known": self.known.clone(), "updated_in": self.updated_in.clone()}

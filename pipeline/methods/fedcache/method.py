@@ -19,6 +19,12 @@ At the end of the round the knowledge table of the SQL store is written in one t
 Bytes with C classes: per sample and visit, up = 8 (int64 id) + 4C (float32 logits), down = 4C
 (float32 teacher); with one local epoch every consistency sends the same bytes. Set-up: n*8
 (ids) + n*8 (labels) + n*d*s (codes of dimension d stored with s bytes per value).
+
+Per evaluated round the run records what the cache holds at the round's end, over all training
+samples (KnowledgeCache.stats; the dashboard's Cache tab): cache_coverage (share of samples with a
+teacher), cache_staleness (mean age in rounds of the neighbour knowledge teachers are built from),
+cache_teacher_acc (share of teachers whose argmax is the sample's label, from the labels of the
+set-up upload) and cache_teacher_entropy (mean entropy in nats of softmax(teacher / fedcache.T)).
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class FedCache(Method):
         relations = self.load_relations()  # the server's IR map
         self.cache = KnowledgeCache(torch.from_numpy(relations), ctx.num_classes, self.p.consistency, self.p.cold_start)
         self.db = self.open_store()
+        self.labels: torch.Tensor | None = None  # every sample's label, from the set-up upload (setup)
 
     # The SQL store (SQLAlchemy) is imported where it is used, so the training core runs without it
     # (bench/gpu_check.sh overrides these two on a machine with torch and numpy only).
@@ -130,6 +137,15 @@ class FedCache(Method):
         return {("up", "hashes"): Wire(8 + 8 + codes.shape[1] * codes.dtype.itemsize, n),
                 ("up", "logits"): Wire(8 + 4 * C, visits), ("down", "knowledge"): Wire(4 * C, visits)}
 
+    def setup(self, uploads):
+        """The labels the clients announce with their hash codes: what the teacher accuracy is measured on."""
+        labels = torch.full((self.ctx.partition.num_train,), -1, dtype=torch.long)
+        for up in uploads.values():
+            for p in up.payloads:
+                if p.kind == "hashes":
+                    labels[torch.as_tensor(p.arrays["sample_ids"]).long()] = torch.as_tensor(p.arrays["labels"]).long()
+        self.labels = labels
+
     def configure(self, round_, selected):
         self.cache.begin_round()
         if self.p.consistency != "round":
@@ -153,6 +169,11 @@ class FedCache(Method):
             for p in up.payloads:
                 self.cache.update(p.arrays["sample_ids"], p.arrays["logits"], round_)
 
+    def report(self, round_, evaluations):
+        """The accuracy rows, and the cache at the end of the round (after aggregate) as extra round metrics."""
+        rows, extras = super().report(round_, evaluations)
+        return rows, {**extras, **self.cache.stats(round_, self.labels, self.p.T)}
+
     def end_round(self, round_: int) -> None:
         self._persist(self.cache.updated_in == round_)
 
@@ -164,9 +185,12 @@ class FedCache(Method):
             store.write_knowledge(self.db, ids.numpy(), self.cache.logits[ids].numpy(), self.cache.updated_in[ids].numpy())
 
     def state_dict(self) -> dict:
-        return {"cache": self.cache.state_dict()}
+        return {"cache": self.cache.state_dict(), "labels": self.labels}
 
     def load_state_dict(self, state: dict) -> None:
         self.cache.load_state_dict(state["cache"])
+        self.labels = state.get("labels")
+        if self.labels is None:  # a checkpoint from before the labels were kept: the partition's, as announced
+            self.labels = torch.from_numpy(np.asarray(self.ctx.partition.train_labels)).long()
         # the run's DB copy was re-made from the index output: bring its knowledge table up to date
         self._persist(self.cache.updated_in >= 0)
