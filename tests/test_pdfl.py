@@ -157,6 +157,41 @@ def test_soft_kd_is_zero_at_the_teacher_and_skips_missing_rows():
     assert soft_kd_rows(logits + torch.randn(4, 5, generator=gen), teacher, T).sum().item() > 0
 
 
+
+def test_peer_copies_trained_together_equal_one_after_another():
+    """external_copies (one grouped network, the vectorized executor) = external_copy per job, in float64,
+    with clients of different sizes: one smaller than a batch, so its rows are padded and masked."""
+    from conftest import tiny_params_raw
+    from models.resnet import build_model
+    from pipeline.methods.pdfl.method import CopyJob, external_copies, external_copy
+    from pipeline.seeds import torch_generator
+
+    params = parse_params(tiny_params_raw({"train": {"batch_size": 8}, "pdfl": {"external_steps": 4}}))
+    torch.manual_seed(0)
+    template = build_model("resnet8", 1, 10).double()
+
+    def jobs():
+        out = []
+        for i, n in enumerate((20, 5, 12)):
+            data = torch.Generator().manual_seed(i)
+            torch.manual_seed(1 + i)  # the same peer each time jobs() is called
+            peer = build_model("resnet8", 1, 10).double()
+            x = torch.randn(n, 1, 14, 14, generator=data, dtype=torch.float64)
+            y = torch.randint(0, 10, (n,), generator=data)
+            teacher = torch.softmax(torch.randn(n, 10, generator=data, dtype=torch.float64), dim=1)
+            out.append(CopyJob(model_state(peer), x, y, teacher, torch_generator(0, "pdfl-external", 1, i, 0)))
+        return out
+
+    one_by_one = [external_copy(copy.deepcopy(template), job, params) for job in jobs()]
+    together = external_copies(template, jobs(), params)
+    assert len(together) == 3
+    for a, b in zip(one_by_one, together):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.allclose(a[name].double(), b[name].double(), rtol=1e-9, atol=1e-10), name
+        moved = [n for n in a if a[n].is_floating_point() and not torch.equal(a[n], model_state(template)[n])]
+        assert moved  # the copies really trained
+
 # -- params and presets ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key,value", [("external_peers", 0), ("attention_steps", -1), ("external_steps", 0),

@@ -185,6 +185,12 @@ class LocalUpdate:
         """After local training: the upload. records[name] = (local sample indices, rows) in visit order."""
         return Upload()
 
+    def end_all(self, finished: list[tuple[Client, dict[str, torch.Tensor], dict]], round_: int) -> dict[int, Upload]:
+        """`end` for every client of a round at once, (client, targets, records) each; the vectorized
+        executor calls this, so a method whose `end` trains models (pDFL's peer copies) can batch them.
+        Must give what `end` gives one client after another (the conformance suite checks it)."""
+        return {client.id: self.end(client, targets, records, round_) for client, targets, records in finished}
+
     def evaluate(self, client: Client, download: list[Payload]) -> Evaluation:
         """The client's accuracies on its own test split; `download` is `Method.evaluation`'s."""
         acc, n = evaluate_model(client.model, client.x_test, client.y_test, self.params.train.eval_batch_size)

@@ -314,7 +314,8 @@ class VectorizedExecutor:
                 for run in runs:
                     finished.update(run.finish())
                     progress.update(len(run.clients))
-        return {k: finished_alone[k] if k in alone else local.end(*finished[k], round_) for k in selected}
+        ended = local.end_all([finished[k] for k in selected if k not in alone], round_)
+        return {k: finished_alone[k] if k in alone else ended[k] for k in selected}
 
     def evaluate(self, local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
         """The default evaluation (each client's own model) batched like training: one grouped network per
