@@ -222,7 +222,10 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     if cfg.stats_path.is_file():
         stats = stages.load_stats(cfg.stats_path)
     params = _stage_params(snap, ids)
-    tabs = st.tabs(TABS)  # not bound to the URL: bind="query-params" makes tabs lazy, and the browser test saw empty panels
+    # a link may name the tab to open (?tab=Cache). Not bound to the URL: a bound tab reruns the page on
+    # every click, and a click landing during an auto-refresh rerun was lost in the browser test
+    opened = st.query_params.get("tab")
+    tabs = st.tabs(TABS, default=opened if opened in TABS else None)
     with tabs[0], guarded(TABS[0]):
         view_overview(snap, ids, include_setup, baseline, group_seeds)
     with tabs[1], guarded(TABS[1]):

@@ -211,6 +211,9 @@ def test_dashboard_in_chromium(chromium, server):
             expect(grid).not_to_contain_text("fedcache/hetero cccccc")
             expect(page.get_by_label("Target mean accuracy (for bytes to target and speed-up)")).to_have_value("0.55")
             assert f"runs={local}" in page.url  # and the view writes itself back into the URL
+            page.goto(f"{url}?runs={fedcache}&tab=Cache")  # a link may open a tab
+            expect(page.locator(f"{PANEL}:visible {CHART} svg.marks")).to_have_count(4, timeout=90_000)
+            expect(page.get_by_role("tab", name="Cache")).to_have_attribute("aria-selected", "true")
 
             # a damaged index beside intact per-run files: those are shown, and a banner says why
             runs_dir = sample.results_db.parent / "runs"
