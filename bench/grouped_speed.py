@@ -1,4 +1,4 @@
-"""Training throughput: G separate ResNet-8 clients vs one GroupedModel (pipeline/train/grouped.py).
+"""Training throughput: G separate ResNet-8 clients vs one GroupedModel (models/grouped.py).
 
     .venv/bin/python bench/grouped_speed.py                 # 5 x 1 s per configuration and thread count
     .venv/bin/python bench/grouped_speed.py --repeats 3 --seconds 2
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from models.resnet import build_model
-from pipeline.train.grouped import GroupedModel, GroupedSGD
+from models.grouped import GroupedModel, GroupedSGD
 
 BATCH, CLASSES, SHAPE = 8, 10, (1, 28, 28)
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4

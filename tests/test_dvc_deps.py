@@ -190,7 +190,7 @@ def test_the_import_walk_finds_what_it_should():
     """The walk itself: function-level imports, `from package import module`, parents' __init__."""
     code = stage_code("flows.train")
     assert {"flows/__init__.py", "flows/train.py", "pipeline/train/engine.py", "pipeline/paths.py",
-            "pipeline/train/grouped.py",  # imported inside a function of executors.py
+            "models/grouped.py",  # imported inside a function of executors.py
             "pipeline/methods/registry.py", "models/multiexit.py"} <= code
     # `from pipeline.index import store` inside fedcache's methods
     assert "pipeline/index/store.py" in stage_code("pipeline.methods.fedcache.method")

@@ -21,7 +21,7 @@ from torch import nn
 
 from models.multiexit import MultiExitResNet
 from models.resnet import build_model
-from pipeline.train.grouped import GroupedModel, GroupedSGD, client_view, supports
+from models.grouped import GroupedModel, GroupedSGD, client_view, supports
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.01, 0.9, 5e-4
 BATCH = 8

@@ -118,7 +118,7 @@ def _names_from(path: Path, module: str) -> set[str]:
     return {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == module for a in n.names}
 
 
-EXECUTORS = ["pipeline.train.executors", "pipeline.train.dask_executor", "pipeline.train.grouped"]
+EXECUTORS = ["pipeline.train.executors", "pipeline.train.dask_executor", "models.grouped"]
 
 
 @pytest.mark.parametrize("module", EXECUTORS)

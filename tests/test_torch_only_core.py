@@ -12,7 +12,7 @@ import sys
 from conftest import REPO_ROOT
 
 SERVICE_LIBRARIES = ["prefect", "dvc", "duckdb", "pydantic", "sqlalchemy", "faiss", "networkx", "yaml", "streamlit"]
-CORE = ["pipeline.train.engine", "pipeline.train.executors", "pipeline.train.grouped", "pipeline.methods.registry", "pipeline.data.datasets",
+CORE = ["pipeline.train.engine", "pipeline.train.executors", "models.grouped", "pipeline.methods.registry", "pipeline.data.datasets",
         "pipeline.data.partition", "pipeline.methods.fedcache.knowledge", "bench.torch_harness"]
 
 BLOCKER = """

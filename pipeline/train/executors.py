@@ -7,7 +7,7 @@ thing; they differ only in how the arithmetic is batched.
   sequential   one client after another, each with its own nn.Module and torch SGD: the
                reference, and the only executor for FedCache's `live` consistency.
   vectorized   clients that share an architecture train together: one grouped network
-               (pipeline/train/grouped.py) takes one batched step for all of them, each client
+               (models/grouped.py) takes one batched step for all of them, each client
                keeping its own weights, BatchNorm statistics, momentum, data order and batch
                size. Uneven client sizes and partial batches are handled with masks; clients
                are sorted by their number of steps so the ones still training are a prefix.
@@ -139,7 +139,7 @@ class GroupRun:
 
     def __init__(self, clients: list[Client], targets: list[dict[str, torch.Tensor]], local: LocalUpdate,
                  round_: int, exchange: Exchange):
-        from pipeline.train.grouped import GroupedModel, GroupedSGD
+        from models.grouped import GroupedModel, GroupedSGD
 
         t = local.params.train
         self.local, self.round, self.exchange = local, round_, exchange
@@ -238,7 +238,7 @@ def grouped_accuracy(clients: list[Client], batch_size: int) -> dict[int, Evalua
     """The default evaluation (each client's own model on its own test split) of same-architecture
     clients in one grouped network: each step takes the next rows of every client's test split
     (about `batch_size` rows in all), so a round's evaluation costs a few large steps."""
-    from pipeline.train.grouped import GroupedModel
+    from models.grouped import GroupedModel
 
     clients = sorted(clients, key=lambda c: -len(c.y_test))  # the clients with rows left are a prefix
     model = GroupedModel([c.model for c in clients])
@@ -286,7 +286,7 @@ class VectorizedExecutor:
 
     def run(self, local: LocalUpdate, clients: list[Client], downloads: dict[int, list[Payload]], round_: int,
             hook: StepHook) -> dict[int, Upload]:
-        from pipeline.train.grouped import supports
+        from models.grouped import supports
 
         selected = [c.id for c in clients]
         exchange = hook.exchange
@@ -320,7 +320,7 @@ class VectorizedExecutor:
     def evaluate(self, local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
         """The default evaluation (each client's own model) batched like training: one grouped network per
         group of same-architecture clients. A method's own readings run one client after another."""
-        from pipeline.train.grouped import supports
+        from models.grouped import supports
 
         if type(local).evaluate is not LocalUpdate.evaluate:
             return evaluate(local, clients, download)

@@ -242,11 +242,11 @@ def external_copy(scratch: torch.nn.Module, job: CopyJob, params) -> State:
 
 
 def external_copies(template: torch.nn.Module, jobs: list[CopyJob], params) -> list[State]:
-    """external_copy for every job, as ONE grouped network (pipeline/train/grouped.py: each copy keeps
+    """external_copy for every job, as ONE grouped network (models/grouped.py: each copy keeps
     its own weights, BatchNorm statistics and momentum; float rounding aside, the same result). The
     40 copies of a default round train in about 60 % of the time one after another take. A model the
     grouped network cannot express trains one copy after another."""
-    from pipeline.train.grouped import GroupedModel, GroupedSGD, supports
+    from models.grouped import GroupedModel, GroupedSGD, supports
 
     if supports(template) is not None:
         scratch = copy.deepcopy(template)
