@@ -660,6 +660,19 @@ def client_bytes(snap: Snapshot, client_id: int) -> pd.DataFrame:
     return df[["run", "direction", "kind", "bytes"]].reset_index(drop=True)
 
 
+def client_bytes_table(snap: Snapshot, client_id: int) -> pd.DataFrame:
+    """One row per run: the bytes client `client_id` sent ("up: knowledge") and received ("down: ...")
+    by what they carry (KIND_FAMILIES), up first, in FAMILY_ORDER; only the columns some run has."""
+    df = client_bytes(snap, client_id)
+    if df.empty:
+        return pd.DataFrame(columns=["run"])
+    df["column"] = [f"{d}: {family(k)}" for d, k in zip(df["direction"], df["kind"])]
+    table = df.pivot_table(index="run", columns="column", values="bytes", aggfunc="sum", sort=False)
+    rank = {f: i for i, f in enumerate(FAMILY_ORDER)}
+    order = sorted(table.columns, key=lambda c: (c.split(": ")[0] != "up", rank.get(c.split(": ", 1)[1], 99), c))
+    return table[order].reset_index()
+
+
 def cache_stats(snap: Snapshot) -> pd.DataFrame:
     """Per selected run that recorded its knowledge cache (FedCache) and evaluated round: the four
     CACHE_METRICS as columns (NaN where a round has none: the teacher figures before any sample has a

@@ -17,6 +17,8 @@ from dashboard.config import Config
 from pipeline.data import datasets
 from pipeline.errors import InputFileError
 
+RUN_COLUMN_PX = 144  # a run's label ('fedcache/homo d663c8') in a table
+
 log = logging.getLogger("dashboard")
 QUERY, SAME_CLIENT, OTHER_CLIENT, WRONG_LABEL = (20, 20, 20), (170, 170, 170), (255, 140, 0), (220, 0, 0)
 
@@ -33,6 +35,7 @@ def guarded(view: str):
     except Exception as err:  # noqa: BLE001 - st.stop/st.rerun are BaseException and pass through
         log.exception("view %s failed", view)
         st.error(f"{view}: could not be drawn ({type(err).__name__}: {err})")
+
 
 
 def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, baseline: str = "fedavg",
@@ -130,7 +133,7 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
         data.sortable_table(table, include_setup),
         hide_index=True, width="stretch",
         column_config={
-            "run": text("run", width=144), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
+            "run": text("run", width=RUN_COLUMN_PX), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
             "status": text("status", width=62), "rounds": number("rounds", width=52),
             "maua": number("MAUA", format="percent", width=62, help="max over rounds of the mean user accuracy"),
             "final_acc": number("final", format="percent", width=58, help="mean user accuracy of the last round"),
@@ -221,17 +224,18 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
     if best.empty:
         st.info("No per-client accuracies yet for the selected runs.")
         return
-    left, right = st.columns([3, 2])
-    with left:
-        st.altair_chart(charts.client_spread(best, labels), width="stretch")
-    with right:
-        acc = best.groupby("run", sort=False)["acc"]
-        summary = pd.DataFrame({"best round": best.groupby("run", sort=False)["round"].first(),
-                                "min": acc.min(), "median": acc.median(), "max": acc.max(), "std": acc.std()})
-        pct = st.column_config.NumberColumn(format="percent")
-        st.dataframe(summary, width="stretch",
-                     column_config={"min": pct, "median": pct, "max": pct, "std": st.column_config.NumberColumn(
-                         "std", format="%.3f")})
+    st.altair_chart(charts.client_spread(best, labels), width="stretch")
+    acc = best.groupby("run", sort=False)["acc"]
+    summary = pd.DataFrame({"best round": best.groupby("run", sort=False)["round"].first(),
+                            "min": acc.min(), "median": acc.median(), "max": acc.max(),
+                            "std": acc.std()}).reset_index()
+    pct = {"format": "percent", "width": 80}
+    # full width, every column sized: nothing cut off in a 1280 px window
+    st.dataframe(summary, hide_index=True, key="client_stats", column_config={
+        "run": st.column_config.TextColumn("run", width=RUN_COLUMN_PX),
+        "best round": st.column_config.NumberColumn("best round", width=80),
+        **{c: st.column_config.NumberColumn(c, **pct) for c in ("min", "median", "max")},
+        "std": st.column_config.NumberColumn("std", format="%.3f", width=80)})
     st.subheader("Client drill-down")
     clients = sorted(snap.clients["client_id"].unique().tolist())
     cid = st.selectbox("Client", clients, key="client")
@@ -243,11 +247,12 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
             mix = stages.label_mix(stats, _dataset(snap, ids))
             st.caption(f"Client {cid}'s training label mix (current partition)")
             st.bar_chart(mix[mix["client_id"] == cid].set_index("class")["count"], height=200)
-        cb = data.client_bytes(snap, cid)
-        if not cb.empty:
-            st.caption(f"Bytes client {cid} sent and received")
-            table = cb.pivot_table(index="run", columns=["direction", "kind"], values="bytes", aggfunc="sum")
-            st.dataframe(table.map(data.fmt_bytes), width="stretch")
+    table = data.client_bytes_table(snap, cid)
+    if len(table):
+        st.caption(f"Bytes client {cid} sent (up) and received (down), by what they carry")
+        shown = table.assign(**{c: table[c].map(data.fmt_bytes) for c in table.columns if c != "run"})
+        st.dataframe(shown, hide_index=True, key="client_bytes", column_config={
+            c: st.column_config.TextColumn(c, width=RUN_COLUMN_PX if c == "run" else 90) for c in shown.columns})
 
 
 def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:

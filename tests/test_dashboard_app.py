@@ -370,15 +370,34 @@ def test_neighbours_view(app):
 MAIN_AREA_PX = 820
 
 
+def _fits(frame) -> list[str]:
+    """The shown columns of a dataframe element, after checking each has a width and together they fit."""
+    config = json.loads(frame.proto.columns)
+    shown = [c for c in frame.value.columns if not config.get(c, {}).get("hidden")]
+    assert all("width" in config.get(c, {}) for c in shown), [c for c in shown if "width" not in config.get(c, {})]
+    assert sum(config[c]["width"] for c in shown) <= MAIN_AREA_PX, {c: config[c]["width"] for c in shown}
+    return shown
+
+
 def test_the_comparison_table_fits_a_1280_px_window(app, sample):
     """Every shown column has a width, and together they fit: no column cut off or scrolled out of view."""
     at = app()
-    config = json.loads(at.dataframe[0].proto.columns)
-    table = at.dataframe[0].value
-    shown = [c for c in table.columns if not config.get(c, {}).get("hidden")]
-    assert all("width" in config.get(c, {}) for c in shown), [c for c in shown if "width" not in config.get(c, {})]
-    assert sum(config[c]["width"] for c in shown) <= MAIN_AREA_PX, {c: config[c]["width"] for c in shown}
+    shown = _fits(at.dataframe[0])
     assert {"run", "maua", "bytes_total", "bytes_to_target", "speedup", "speedup_vs"} <= set(shown)
+
+
+def test_the_clients_tables_fit_a_1280_px_window(app, sample):
+    """The per-run accuracy spread and a client's bytes: full width, every column sized, by traffic family."""
+    at = app()
+    stats = next(d for d in at.dataframe if "median" in d.value.columns)
+    assert _fits(stats) == ["run", "best round", "min", "median", "max", "std"]
+    assert len(stats.value) == 3  # the three selected runs
+    client_bytes = next(d for d in at.dataframe if "up: knowledge" in d.value.columns)
+    shown = _fits(client_bytes)
+    assert shown[0] == "run" and all(c.split(": ")[0] in ("up", "down") for c in shown[1:])
+    assert shown.index("up: set-up") < shown.index("up: knowledge") < shown.index("down: knowledge")
+    fedcache = client_bytes.value.set_index("run").loc["fedcache/homo aaaaaa"]
+    assert fedcache["up: set-up"].endswith(("B", "KB")) and fedcache["down: knowledge"] != "—"
 
 
 def test_params_view_diffs_n_runs(app, sample):
