@@ -184,7 +184,8 @@ def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     df = con.execute(
         "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
-        "r.status, r.experiment, r.changed, count(x.round) AS n_rounds, max(x.round) AS last_round, "
+        "r.status, r.experiment, r.changed, r.label AS method_label, "  # (the frame's `label`: the legend's)
+        "count(x.round) AS n_rounds, max(x.round) AS last_round, "
         "sum(x.wall_s) AS wall_total, max(x.wall_s) AS wall_max, max(f.seen_s) AS seen_s "
         "FROM runs r LEFT JOIN rounds x USING (run_id) LEFT JOIN file_seen f USING (run_id) "
         "GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
@@ -232,10 +233,15 @@ def _get(params: dict, path: tuple[str, ...]):
 
 def run_labels(runs: pd.DataFrame) -> list[str]:
     """Short unique names for legends: 'fedcache/homo d663c8', or with the DVC experiment the run
-    belongs to (a sweep's): 'fedcache/homo ablation_R-R-16'."""
-    experiments = runs["experiment"] if "experiment" in runs else [None] * len(runs)
-    labels = [f"{a}/{s} {e if isinstance(e, str) and e else str(r)[-6:]}"
-              for a, s, r, e in zip(runs["algorithm"], runs["setting"], runs["run_id"], experiments)]
+    belongs to (a sweep's): 'fedcache/homo ablation_R-R-16'. The method part is what ran, the stored
+    label (issue 22: 'pdfl (order=body_then_head)/homo d663c8'), or the algorithm for a run from before
+    labels (method_label NULL or, in a frame built without it, absent)."""
+    none = [None] * len(runs)
+    experiments = runs["experiment"] if "experiment" in runs else none
+    methods = [m if isinstance(m, str) and m else a
+               for a, m in zip(runs["algorithm"], runs["method_label"] if "method_label" in runs else none)]
+    labels = [f"{m}/{s} {e if isinstance(e, str) and e else str(r)[-6:]}"
+              for m, s, r, e in zip(methods, runs["setting"], runs["run_id"], experiments)]
     return [lab if labels.count(lab) == 1 else str(r) for lab, r in zip(labels, runs["run_id"])]
 
 

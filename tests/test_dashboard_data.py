@@ -372,6 +372,28 @@ def test_runs_of_a_published_experiment_are_labelled_with_it(tmp_path):
     assert runs.at["fd-1", "label"] == "fd/homo fd-1" and pd.isna(runs.at["fd-1", "experiment"])
 
 
+def test_legends_name_what_ran_by_the_stored_label(tmp_path):
+    """Issue 22: the runs table's label (method plus non-default knobs) stands for the method in a legend
+    name; a run without one (from before labels) keeps its algorithm; names stay unique."""
+    from pipeline.results.store import RunResultsDB
+
+    def start(name, run_id, algorithm, label):
+        RunResultsDB(tmp_path / "runs" / name / "run.duckdb").start_run(run_id, algorithm, "mnist", "homo", {}, "abc",
+                                                                        label=label)
+
+    start("pdfl", "pdfl-x-d663c8", "pdfl", "pdfl (order=body_then_head)")
+    start("fedcache", "fedcache-x-aaaaa1", "fedcache", "fedcache")
+    start("fd", "fd-x-bbbbb1", "fd", None)  # as an old file reads: no label
+    runs = data.load_runs(tmp_path / "results.duckdb").set_index("run_id")
+    assert runs["label"].to_dict() == {"pdfl-x-d663c8": "pdfl (order=body_then_head)/homo d663c8",
+                                       "fedcache-x-aaaaa1": "fedcache/homo aaaaa1", "fd-x-bbbbb1": "fd/homo bbbbb1"}
+    # a frame without the column (an old database's reader) falls back to the algorithm; duplicates to the run id
+    frame = pd.DataFrame({"algorithm": ["fd", "fd"], "setting": ["homo", "homo"], "run_id": ["a-123456", "b-123456"]})
+    assert data.run_labels(frame) == ["a-123456", "b-123456"]
+    frame["method_label"] = ["fd (gamma=0.5)", None]
+    assert data.run_labels(frame) == ["fd (gamma=0.5)/homo 123456", "fd/homo 123456"]
+
+
 def _colours(chart, channel: str = "color") -> dict:
     """value -> colour (or dash) of a chart's scale, from its Vega-Lite spec."""
     spec = chart.to_dict()

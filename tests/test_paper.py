@@ -38,15 +38,17 @@ def test_a_bad_figures_file_names_file_line_and_column(tmp_path, text, says):
 def test_the_report_puts_the_papers_figures_beside_the_measured_rows(tmp_path):
     from pipeline.results.report import format_paper_table, write_outputs
 
-    row = {"algorithm": "fedcache", "setting": "homo", "rounds": 10, "maua": 0.7334, "final_acc": 0.73,
+    row = {"algorithm": "fedcache", "label": "fedcache (T=1.0)", "setting": "homo", "rounds": 10, "maua": 0.7334,
+           "final_acc": 0.73,
            "bytes_total": 26_208_000, "bytes_setup": 15_648_000, "bytes_training": 10_560_000, "target_acc": 0.75,
            "bytes_to_target": None, "bytes_to_target_no_setup": None, "speedup": 146.7, "speedup_no_setup": 186.7,
            "speedup_target": 0.5838, "speedup_vs": "pfedme", "bytes_to_level": 26_208_000,
            "bytes_to_level_no_setup": 10_560_000, "run_id": "fedcache-1"}
-    other = {**row, "algorithm": "local", "run_id": "local-1"}  # the paper has no local-only row
+    other = {**row, "algorithm": "local", "label": "local", "run_id": "local-1"}  # the paper has no local-only row
     text = format_paper_table([row, other], "fashion_mnist")
-    assert ("| fedcache | homo | 73.34% | 77.71% (Table 5) | -4.4 | 0.0262 (to 58.38%) | 0.0106 (to 58.38%) | 0.08 | "
-            "146.7x vs pfedme at 58.38% | 186.7x vs pfedme at 58.38% | 258.9x vs pfedme |") in text
+    # the paper's row is found by the algorithm; the run is named by its label (what ran)
+    assert ("| fedcache (T=1.0) | homo | 73.34% | 77.71% (Table 5) | -4.4 | 0.0262 (to 58.38%) | 0.0106 (to 58.38%) | "
+            "0.08 | 146.7x vs pfedme at 58.38% | 186.7x vs pfedme at 58.38% | 258.9x vs pfedme |") in text
     assert "paper GB to its target (w/o set-up) | speed-up (with set-up) | speed-up w/o set-up |" in text
     assert "| local |" not in text
     assert format_paper_table([row], "cifar10") == ""

@@ -16,6 +16,7 @@ import pytest
 from conftest import make_workspace
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
+from pipeline.results.labels import run_label
 from pipeline.train.engine import Trainer
 from pipeline.results.store import TABLES, ResultsError, RunResultsDB, main as results_cli, rebuild_index, run_files
 
@@ -40,7 +41,8 @@ def trained(tmp_path_factory, mnist):
         mp.chdir(root)
         _, params, part = make_workspace(root, mnist, {"train": {
             "rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": ["local"],
-            "executor": "sequential"}})  # the fastest here for 3 tiny clients; where rows go does not depend on it
+            "executor": "sequential"},  # the fastest here for 3 tiny clients; where rows go does not depend on it
+            "fedcache": {"T": 1.0}})  # a knob off its default: the run's label says so
         for algorithm, hetero in RUNS:
             summary = _trainer(params, part, mnist, algorithm, hetero).run()
             (paths.run_dir(algorithm, hetero) / "summary.json").write_text(json.dumps(summary))
@@ -61,6 +63,14 @@ def _rows(path, tables=TABLES) -> dict[str, list[tuple]]:
     con = duckdb.connect(str(path), read_only=True)
     try:
         return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables}
+    finally:
+        con.close()
+
+
+def _label(path) -> str:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT label FROM runs").fetchone()[0]
     finally:
         con.close()
 
@@ -86,6 +96,10 @@ def test_each_stage_writes_its_own_file(workspace):
         rows = _rows(path)
         assert len(rows["runs"]) == 1 and rows["runs"][0][8] == "finished"  # one run per file; [8]: status
         assert [r[1] for r in rows["rounds"]] == [0, 1, 2]
+    # the label the trainer wrote when the run started: the method and its non-default knobs (issue 22)
+    labels = {p.parent.name: _label(p) for p in run_files(paths.RUNS)}
+    assert labels == {"fedcache": run_label(workspace, "fedcache"), "local": "local", "local-hetero": "local"}
+    assert labels["fedcache"].startswith("fedcache (") and "T=1.0" in labels["fedcache"]
     assert not paths.RESULTS_DB.exists()  # training writes no index
 
 
@@ -97,6 +111,7 @@ def test_index_deleted_then_rebuilt_holds_the_same_rows(workspace, capsys):
     assert {t: Counter(index[t]) for t in TABLES} == expected
     assert all(expected[t] for t in ("runs", "rounds", "client_rounds", "comm"))
     assert sorted(r[3] for r in index["comparison"]) == sorted(r["run_id"] for r in rows)  # the report's table
+    assert f"| {_label(paths.run_results('fedcache'))} | homo |" in (paths.REPORT_DIR / "comparison.md").read_text()
 
     paths.RESULTS_DB.unlink()
     assert results_cli(["rebuild"]) == 0  # the on-demand command; the comparison from the report's CSV

@@ -22,6 +22,12 @@ class RunSeries:
     algorithm: str
     setting: str
     rounds: list[tuple[int, float | None, int, int]]  # (round, mean_acc, bytes_up, bytes_down), round 0 = set-up
+    label: str | None = None  # what ran (pipeline.results.labels); None: a run from before labels
+
+    @property
+    def name(self) -> str:
+        """The run's name for people: its label, else (a run from before labels) the bare algorithm."""
+        return self.label or self.algorithm
 
     @property
     def setup_bytes(self) -> int:
@@ -60,11 +66,12 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
     both counted with set-up traffic when include_setup; speedup_no_setup the same without it (as
     the paper counts); None when the run never reaches that level or sends nothing. bytes_to_level
     (and _no_setup): this run's bytes to that level. The reference is the `baseline` run of the same
-    setting (see the module doc)."""
+    setting (see the module doc). `algorithm` is the bare method (speed-ups, the paper's figures look
+    runs up by it), `label` what ran (RunSeries.name)."""
     rows = []
     for s in series:
         rows.append({
-            "algorithm": s.algorithm, "setting": s.setting, "run_id": s.run_id,
+            "algorithm": s.algorithm, "label": s.name, "setting": s.setting, "run_id": s.run_id,
             "rounds": max((r for r, *_ in s.rounds), default=0),
             "maua": s.maua, "final_acc": s.final_acc,
             "bytes_total": s.total_bytes, "bytes_setup": s.setup_bytes,

@@ -13,13 +13,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline.results.compare import RunSeries  # noqa: E402
 
-COLUMNS = ("algorithm", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup", "bytes_training",
-           "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_no_setup",
+COLUMNS = ("algorithm", "label", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
+           "bytes_training", "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_no_setup",
            "speedup_target", "speedup_vs", "bytes_to_level", "bytes_to_level_no_setup", "run_id")
 
 
 def _name(row: dict) -> str:
+    # metrics.json's keys: the bare method, so that `dvc metrics diff` pairs the same stage across commits
     return row["algorithm"] if row["setting"] == "homo" else f"{row['algorithm']}-{row['setting']}"
+
+
+def _shown(row: dict) -> str:
+    """The method column: what ran (the label, e.g. "pdfl (order=body_then_head)"), else the bare method."""
+    return row.get("label") or row["algorithm"]
 
 
 def _bytes(b: int | None) -> str:
@@ -42,11 +48,11 @@ def format_table(rows: list[dict]) -> str:
     """Markdown: one row per run; bytes to the target with and without the one-time set-up traffic."""
     target = next((r["target_acc"] for r in rows if r["target_acc"] is not None), None)
     reach = f"bytes to {target:.0%}" if target is not None else "bytes to target"
-    lines = [f"| algorithm | setting | rounds | MAUA | final acc | bytes total | bytes w/o set-up | {reach} | "
+    lines = [f"| method | setting | rounds | MAUA | final acc | bytes total | bytes w/o set-up | {reach} | "
              f"{reach} w/o set-up | speed-up | speed-up w/o set-up |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['algorithm']} | {r['setting']} | {r['rounds']} | {r['maua']:.4f} | {r['final_acc']:.4f} | "
+        lines.append(f"| {_shown(r)} | {r['setting']} | {r['rounds']} | {r['maua']:.4f} | {r['final_acc']:.4f} | "
                      f"{r['bytes_total']:,} | {r['bytes_training']:,} | {_bytes(r['bytes_to_target'])} | "
                      f"{_bytes(r['bytes_to_target_no_setup'])} | {_speedup(r)} | {_speedup(r, 'speedup_no_setup')} |")
     return "\n".join(lines)
@@ -68,7 +74,7 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
         if p is None:
             continue
         diff = "—" if p.maua is None else f"{(r['maua'] - p.maua) * 100:+.1f}"
-        lines.append(f"| {r['algorithm']} | {r['setting']} | {r['maua']:.2%} | "
+        lines.append(f"| {_shown(r)} | {r['setting']} | {r['maua']:.2%} | "
                      f"{'-' if p.maua is None else f'{p.maua:.2%}'} (Table {p.table}) | {diff} | "
                      f"{_gb(r['bytes_to_level'], r)} | {_gb(r['bytes_to_level_no_setup'], r)} | "
                      f"{'-' if p.comm_gb is None else f'{p.comm_gb:g}'} | {_speedup(r)} | "
@@ -76,7 +82,7 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
                      f"{'-' if p.speedup is None else f'{p.speedup:g}x vs {p.reference}'} |")
     if not lines:
         return ""
-    head = ["| algorithm | setting | MAUA | paper MAUA | difference (points) | GB to the level (with set-up) | "
+    head = ["| method | setting | MAUA | paper MAUA | difference (points) | GB to the level (with set-up) | "
             "GB to the level w/o set-up | paper GB to its target (w/o set-up) | speed-up (with set-up) | "
             "speed-up w/o set-up | paper speed-up (w/o set-up) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + lines)
@@ -106,7 +112,7 @@ def plot_accuracy_vs_bytes(runs: list[RunSeries], path: Path) -> None:
     send nothing are drawn as horizontal dashed lines at their MAUA."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for series in runs:
-        label = series.algorithm if series.setting == "homo" else f"{series.algorithm} ({series.setting})"
+        label = series.name if series.setting == "homo" else f"{series.name}, {series.setting}"
         total, xs, ys = 0, [], []
         for _, acc, up, down in series.rounds:
             total += up + down

@@ -62,6 +62,8 @@ ALTER TABLE comm ADD COLUMN IF NOT EXISTS peer_id INTEGER;
 -- the DVC experiment a run belongs to and the params it changed (pipeline.experiments.dvc); NULL outside one
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS experiment VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS changed JSON;
+-- what ran: the method plus its non-default knobs (pipeline.results.labels, issue 22); NULL in files from before it
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS label VARCHAR;
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
 );
@@ -72,12 +74,13 @@ CREATE TABLE IF NOT EXISTS comparison (
     report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
     final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
     bytes_to_target BIGINT, speedup DOUBLE, bytes_to_target_no_setup BIGINT, speedup_target DOUBLE,
-    speedup_vs VARCHAR
+    speedup_vs VARCHAR, label VARCHAR
 );
 CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
 
-# What a reader needs of each table (files from before peer_id lack comm.peer_id: it reads as NULL).
+# What a reader needs of each table (files from before peer_id lack comm.peer_id, from before labels runs.label:
+# they read as NULL).
 REQUIRED = {
     "runs": {"run_id", "algorithm", "dataset", "setting", "params", "git_rev", "started_at", "finished_at", "status"},
     "rounds": {"run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"},
@@ -87,7 +90,7 @@ REQUIRED = {
 }
 COMPARISON_COLUMNS = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
                       "bytes_training", "target_acc", "bytes_to_target", "speedup", "bytes_to_target_no_setup",
-                      "speedup_target", "speedup_vs")
+                      "speedup_target", "speedup_vs", "label")
 REBUILD = "python -m pipeline.results.store rebuild"
 # New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
 # (each is kept in DVC's cache per version); reading needs nothing special.
@@ -257,13 +260,15 @@ class ResultsDB:
             con.close()
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
-                  experiment: str | None = None, changed: dict | None = None) -> None:
+                  experiment: str | None = None, changed: dict | None = None, label: str | None = None) -> None:
+        """A new run's row; label: what ran (pipeline.results.labels.run_label), None: unknown."""
         with self.connect() as con:
             con.execute(
                 "INSERT OR REPLACE INTO runs (run_id, algorithm, dataset, setting, params, git_rev, started_at, "
-                "finished_at, status, experiment, changed) VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?)",
+                "finished_at, status, experiment, changed, label) "
+                "VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?, ?)",
                 [run_id, algorithm, dataset, setting, json.dumps(params), git_rev, experiment,
-                 None if changed is None else json.dumps(changed)],
+                 None if changed is None else json.dumps(changed), label],
             )
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
@@ -322,9 +327,12 @@ class ResultsDB:
 
         out = []
         with self.connect(read_only=True) as con:
+            have = _columns(con, con.execute("SELECT current_database()").fetchone()[0]).get("runs", set())
+            label = "label" if "label" in have else "NULL"  # a file from before labels (read-only: not migrated)
             for run_id in run_ids:
                 try:
-                    meta = con.execute("SELECT algorithm, setting FROM runs WHERE run_id = ?", [run_id]).fetchone()
+                    meta = con.execute(f"SELECT algorithm, setting, {label} FROM runs WHERE run_id = ?",
+                                       [run_id]).fetchone()
                     rows = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? "
                                        "ORDER BY round", [run_id]).fetchall()
                 except duckdb.Error as err:
@@ -332,7 +340,7 @@ class ResultsDB:
                 if meta is None:
                     raise ResultsError(f"run {run_id} is not in {self.path}; {fix(self.path)}", self.path,
                                        "no such run")
-                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r) for r in rows]))
+                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r) for r in rows], meta[2]))
         return out
 
 
@@ -341,11 +349,11 @@ class RunResultsDB(ResultsDB):
     current run only: starting a new run deletes whatever an earlier run left there (stale or damaged)."""
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
-                  experiment: str | None = None, changed: dict | None = None) -> None:
+                  experiment: str | None = None, changed: dict | None = None, label: str | None = None) -> None:
         if self._held is not None:
             raise RuntimeError(f"{self.path}: start a run before held(), which would keep the file it replaces open")
         remove_db(self.path)
-        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed)
+        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed, label)
 
 
 # ----------------------------------------------------------------------------- the index

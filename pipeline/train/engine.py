@@ -44,6 +44,7 @@ from pipeline.devices import resolve_device
 from pipeline.federation.clients import Client, build_clients
 from pipeline.federation.contract import LocalUpdate, Method, ServerContext
 from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
+from pipeline.results.labels import run_label
 from pipeline.seeds import rng
 from pipeline.train import checkpoint
 from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
@@ -246,7 +247,8 @@ class Trainer:
         info = self.run_info
         self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
                                self.params.model_dump(mode="json", by_alias=True), info.git_revision,
-                               experiment=info.experiment, changed=info.changed)
+                               experiment=info.experiment, changed=info.changed,
+                               label=run_label(self.params, self.algorithm.name))
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):

@@ -1,0 +1,41 @@
+"""A run's label: its method's name plus the knobs of that method's own params section that differ
+from their defaults, e.g. "pdfl (order=body_then_head)" or "fedcache (T=1.0, consistency=step)";
+the bare name when the section is all defaults (and for methods without knobs, like local).
+
+Why (issue 22): two runs of one method with different knobs were both called "fedcache" in the
+report and the dashboard, so a reader could not tell what ran. The label is written into the runs
+table when a run starts and is shown wherever a run is named; `algorithm` stays the bare name for
+code that groups or looks up by method.
+
+"Default" is the pydantic field default of the section's model (pipeline/methods/<name>/params.py),
+not params.yaml's value, so a label means the same whatever params.yaml says. No pydantic import
+here: the training core imports this module (tests/test_torch_only_core.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _text(value: Any) -> str:
+    """Compact: a string as is, anything else as JSON (1.0, 0.09, true, null, [0.4,0.3,0.3])."""
+    if isinstance(value, str):
+        return value
+    # JSON writes floats as repr does and lists and mappings as params.yaml's flow style would, without spaces
+    # (the label separates its knobs with ", ")
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def run_label(params: Any, algorithm: str) -> str:
+    """`algorithm` plus the non-default knobs of its section `params.<algorithm>`, in the order the
+    section's model declares them, each under its params.yaml name (the alias: `lambda`, not `lambda_`)."""
+    section = getattr(params, algorithm)
+    dumped = section.model_dump(mode="json", by_alias=True)
+    knobs = []
+    for name, field in type(section).model_fields.items():
+        if getattr(section, name) == field.get_default(call_default_factory=True):
+            continue
+        key = field.alias or name
+        knobs.append(f"{key}={_text(dumped[key])}")
+    return f"{algorithm} ({', '.join(knobs)})" if knobs else algorithm
