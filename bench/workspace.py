@@ -86,12 +86,13 @@ def load_workspace(work: Path) -> tuple[Params, Partition, ImageDataset]:
 
 
 def fresh_trainer(params: Params, algorithm: str, part: Partition, ds: ImageDataset,
-                  run_name: str | None = None) -> Trainer:
+                  run_name: str | None = None, hetero: bool = False) -> Trainer:
     """A Trainer for `algorithm` (a pipeline.methods.registry.REGISTRY key) in the current workspace
     (see load_workspace), writing to results/runs/<run_name>/ and the workspace's results DuckDB.
 
     `run_name` defaults to the algorithm's name. Its checkpoint, results/checkpoints/<run_name>.pt,
-    is deleted first, so the Trainer starts a new run instead of resuming.
+    is deleted first, so the Trainer starts a new run instead of resuming. `hetero`: A1/A2/A3 by
+    client index mod 3 (a hetero_algorithms run) instead of train.model on every client.
     """
     from pipeline import paths
     from pipeline.methods.registry import REGISTRY
@@ -102,4 +103,4 @@ def fresh_trainer(params: Params, algorithm: str, part: Partition, ds: ImageData
     ckpt = paths.CHECKPOINTS / f"{run_name}.pt"
     ckpt.unlink(missing_ok=True)
     return Trainer(params, REGISTRY[algorithm], part, ds, paths.RUNS / run_name, ckpt, ResultsDB(paths.RESULTS_DB),
-                   [paths.PARTITION])
+                   [paths.PARTITION], hetero=hetero)

@@ -86,30 +86,44 @@ def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
     assert summary["bytes_total"] > 0 and len(trainer.algorithm.knowledge) == len(trainer.clients)
 
 
-def test_fedict_client_term_weights_each_class_by_the_local_prior(tiny_workspace, mnist):
-    """FPKD per row: T^2 sum_c (1 + mu d_c) q_c log(q_c / p_c); 0 for a sample with no teacher."""
+def _official_kl(student, teacher, T):
+    """The official codes' KL_Loss (batch mean) for one row at a time, written out: T^2 sum q (log q - log p)."""
+    q, log_p = F.softmax(teacher / T, 0), F.log_softmax(student / T, 0)
+    return T * T * float((q * (q.log() - log_p)).sum())
+
+
+def test_fedict_client_term_is_the_official_fpkd(tiny_workspace, mnist):
+    """FPKD per row as the official code's FPKD (fpkd_T = 3): the prior-weighted KL, sum_c d_c / 3 * KL_c,
+    plus the plain KL the paper writes; 0 for a sample with no teacher."""
     _, params, part = tiny_workspace
     trainer = _trainer("fedict", params, part, mnist)
     client = trainer.clients[0]
     local = FedICTClient(params, part.num_classes)
     targets = local.begin(client, [], 1)
     assert torch.isnan(targets["teacher"]).all()  # first round: no server knowledge yet
-    teacher, student = torch.randn(4, 10), torch.randn(4, 10)
+    torch.manual_seed(0)
+    teacher, student = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 10, dtype=torch.float64)
     teacher[3] = float("nan")
-    prior = label_distribution(client.y_train, 10)
+    prior = label_distribution(client.y_train, 10).double()
     step = Step(x=None, y=None, ids=None, t={"teacher": teacher, "prior": prior.expand(4, -1)},
                 exchange=None, record=None)
-    T, mu = params.fedict.T, params.fedict.mu
-    q, log_p = F.softmax(teacher[:3] / T, 1), F.log_softmax(student[:3] / T, 1)
-    expected = T * T * ((1 + mu * prior) * q * (q.log() - log_p)).sum(1)
+    assert (params.fedict.T, params.fedict.prior_T, params.fedict.beta) == (3.0, 3.0, 1.5)  # official defaults
     got = local.client_kd_rows(student, step)
-    torch.testing.assert_close(got[:3], expected)
+    for i in range(3):
+        q, log_p = F.softmax(teacher[i] / 3, 0), F.log_softmax(student[i] / 3, 0)
+        weighted = 9 * float((prior / 3 * q * (q.log() - log_p)).sum())
+        assert float(got[i]) == pytest.approx(weighted + _official_kl(student[i], teacher[i], 3.0), rel=1e-12)
     assert got[3] == 0
+    # prior_T: null leaves the plain KL
+    plain = FedICTClient(with_section(params, "fedict", prior_T=None), part.num_classes).client_kd_rows(student, step)
+    assert float(plain[0]) == pytest.approx(_official_kl(student[0], teacher[0], 3.0), rel=1e-12)
 
 
-def test_fedict_server_weights_typical_clients_more(tiny_workspace, mnist):
+def test_fedict_server_is_the_official_lka_sim(tiny_workspace, mnist):
+    """LKA_sim per row: (cos(d_k, d) + 1) * KL, beside beta * CE (the official server's loss_kd + alpha * CE)."""
     _, params, part = tiny_workspace
     method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).algorithm.ctx)
+    assert method.ce_weight == params.fedict.beta == 1.5
     uploads = {0: {"labels": torch.tensor([0, 0, 1, 1])}, 1: {"labels": torch.tensor([0, 0, 0, 0])},
                2: {"labels": torch.tensor([0, 1, 1, 1])}}
     method.begin_aggregate(uploads)
@@ -117,12 +131,35 @@ def test_fedict_server_weights_typical_clients_more(tiny_workspace, mnist):
     for k, up in uploads.items():
         assert method.similarity[k] == pytest.approx(float(F.cosine_similarity(
             label_distribution(up["labels"], method.ctx.num_classes), d, dim=0)))
-    out, logits = torch.randn(2, 10), torch.randn(2, 10)
+    torch.manual_seed(1)
+    out, logits = torch.randn(2, 10, dtype=torch.float64), torch.randn(2, 10, dtype=torch.float64)
     rows = method.server_kd_rows(out, logits, torch.tensor([0, 1]))
-    from pipeline.federation.losses import kd_rows
+    for i, k in enumerate([0, 1]):
+        expected = (float(method.similarity[k]) + 1) * _official_kl(out[i], logits[i], 3.0)
+        assert float(rows[i]) == pytest.approx(expected, rel=1e-6)
+    method.p = with_section(params, "fedict", similarity=False).fedict
+    rows = method.server_kd_rows(out, logits, torch.tensor([0, 1]))
+    assert float(rows[1]) == pytest.approx(_official_kl(out[1], logits[1], 3.0), rel=1e-12)
 
-    base = kd_rows(out, logits, params.fedict.T)
-    torch.testing.assert_close(rows, params.fedict.lambda_ * (1 + method.similarity[[0, 1]]) * base)
+
+def test_feddkc_server_term_is_the_official_dkc_kl(tiny_workspace, mnist):
+    """The official DKC_KL_Loss: the client's logits divided by S = 0.05, softmax at T = 3, KKR to 0.12,
+    then T^2 KL toward the server model's softened output; CE weighs beta on the server."""
+    _, params, part = tiny_workspace
+    method = REGISTRY["feddkc"](_trainer("feddkc", params, part, mnist).algorithm.ctx)
+    assert method.ce_weight == params.feddkc.beta == 1.5
+    torch.manual_seed(2)
+    out, logits = torch.randn(3, 10, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64) * 0.1
+    rows = method.server_kd_rows(out, logits, torch.tensor([0, 1, 2]))
+    for i in range(3):
+        p = F.softmax(logits[i] / 0.05 / 3.0, 0)
+        m = float(p.max())
+        q = ((10 * 0.12 - 1) * p + m - 0.12) / (10 * m - 1)  # KKR, where it stays non-negative
+        if float(q.min()) < 0:
+            q = torch.full_like(p, (1 - 0.12) / 9)
+            q[p.argmax()] = 0.12
+        expected = 9 * float((torch.special.xlogy(q, q) - q * F.log_softmax(out[i] / 3, 0)).sum())
+        assert float(rows[i]) == pytest.approx(expected, rel=1e-9)
 
 
 def test_feddkc_refuses_a_peak_below_uniform(tiny_workspace, mnist):

@@ -7,7 +7,8 @@ server model A4^S (models/server.py) reads. One round, for every selected client
   3. upload, for every training sample, its stem features, its logits and its label, from one
      extra forward pass in eval mode after training (as FedGKT's clients do).
 The server then trains A4^S for `server_epochs` epochs over this round's uploads, shuffled
-across clients, on CE + (the method's distillation term toward each sample's client logits),
+across clients, on ce_weight * CE + (the method's distillation term toward each sample's client
+logits; both official codes weight CE by their `alpha`, not the distillation term),
 and keeps the logits A4^S produced for each sample while training (FedGKT's choice: no extra
 pass) as the knowledge it sends back next round.
 
@@ -84,10 +85,12 @@ class GKTClient(LocalUpdate):
 class GKTServer(Method):
     """The server half: train A4^S on the round's uploads and keep its logits as the next download."""
 
-    def __init__(self, ctx: ServerContext, server_model: str, epochs: int, batch_size: int | None):
+    def __init__(self, ctx: ServerContext, server_model: str, epochs: int, batch_size: int | None,
+                 ce_weight: float = 1.0):
         super().__init__(ctx)
         t = ctx.params.train
         self.epochs = epochs
+        self.ce_weight = ce_weight
         self.batch_size = batch_size or t.batch_size
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch_generator(ctx.params.seed, "server_model").initial_seed()))
@@ -133,7 +136,7 @@ class GKTServer(Method):
             for rows in torch.split(order, self.batch_size):
                 out = self.model(feats[rows].to(dev, dtype))
                 y = labels[rows].to(dev)
-                loss = ce_rows(out, y) + self.server_kd_rows(out, client_logits[rows].to(dev, dtype), owner[rows].to(dev))
+                loss = self.ce_weight * ce_rows(out, y) + self.server_kd_rows(out, client_logits[rows].to(dev, dtype), owner[rows].to(dev))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.mean().backward()
                 self.optimizer.step()

@@ -6,7 +6,9 @@ logits and labels; the server trains A4^S on them and sends its logits back). Wh
 is on the server: before A4^S distils a client's knowledge, the knowledge is *refined* so that
 every client's knowledge has the same peak probability T, whatever its model (A1, A2 or A3) and
 however confident it is. That is KKR, the kernel-based knowledge refinement: a linear map of
-the probability vector p (softmax of the client's logits at `temperature`) with largest entry m,
+the probability vector p with largest entry m, where p is the softmax of the client's logits
+divided by S and then by `temperature` (the official code's scaling, S = 0.05: the knowledge is
+sharpened before KKR lowers its peak to T),
 
     q = ((C*T - 1) * p + m - T) / (C*m - 1),
 
@@ -14,8 +16,9 @@ which keeps the sum at 1, the ranking of the classes, and sets the largest entry
 map would make an entry negative (T above m by too much) or p is uniform, q is T on the top
 class and (1 - T) / (C - 1) on every other class.
 
-Losses: client  CE + beta * T_kd^2 KL(softmax(server logits / T_kd) || softmax(client / T_kd))
-        server  CE + beta * T_kd^2 KL(q || softmax(A4^S output / T_kd)),     T_kd = `temperature`.
+Losses, as the official code (its `alpha` is our `beta`), T_kd = `temperature`:
+  client  CE + beta * T_kd^2 KL(softmax(server logits / T_kd) || softmax(client / T_kd))
+  server  beta * CE + T_kd^2 KL(q || softmax(A4^S output / T_kd))
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ class FedDKC(GKTServer):
         if p.T <= 1 / ctx.num_classes:
             raise ConfigError(f"feddkc.T = {p.T}: KKR's peak probability must exceed 1/C = "
                               f"{1 / ctx.num_classes:.3g} for {ctx.num_classes} classes; the paper uses 0.12")
-        super().__init__(ctx, p.server_model, p.server_epochs, p.server_batch_size)
+        super().__init__(ctx, p.server_model, p.server_epochs, p.server_batch_size, ce_weight=p.beta)
         self.p = p
 
     def server_kd_rows(self, out, client_logits, owner):
-        refined = kkr(F.softmax(client_logits / self.p.temperature, dim=1), self.p.T)
-        return self.p.beta * soft_kd_rows(out, refined, self.p.temperature)
+        refined = kkr(F.softmax(client_logits / (self.p.S * self.p.temperature), dim=1), self.p.T)
+        return soft_kd_rows(out, refined, self.p.temperature)
