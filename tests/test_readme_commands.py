@@ -398,3 +398,78 @@ def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> Non
         assert "dvc exp run -S" in text, text
     elif cmd == "make clean":
         assert not (repo / "data/partition").exists() and not (repo / "results/report").exists()
+
+
+# ---------------------------------------------------------------- the departures table
+
+DEPARTURES = DOCS / "methods" / "departures.md"
+SWITCH = re.compile(r"^([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?::\s*(.+))?$")  # `section.key` or `section.key: value`
+
+
+def departures_rows(text: str) -> list[list[str]]:
+    """The departures table's body rows, as lists of cells (the header and the |---| line left out)."""
+    lines = [line for line in _split(text)[1].splitlines() if line.startswith("|")]
+    assert len(lines) > 2 and lines[0].startswith("| method |") and lines[1].startswith("|---"), lines[:2]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[2:]]
+    assert all(len(r) == 5 for r in rows), [r for r in rows if len(r) != 5]
+    return rows
+
+
+def departures_problems(text: str, default_raw: dict) -> list[str]:
+    """What is wrong with a departures page: a registry method neither in the first column nor on the
+    "No departures" line, a name there that is not a method, a `section.key` in the switch column
+    that no params section has (aliases such as `lambda` count), or a `section.key: value` whose value
+    the schema refuses."""
+    from pipeline.config import ConfigError, params_model, parse_params
+    from pipeline.methods import registry
+
+    schema = params_model(registry.names())
+    rows = departures_rows(text)
+    named = [n for r in rows for n in re.findall(r"`([^`]+)`", r[0])]
+    none_line = re.search(r"^No departures[^:\n]*:(.*)$", _split(text)[1], flags=re.M)
+    named_none = re.findall(r"`([^`]+)`", none_line.group(1)) if none_line else []
+    problems = [f"not a method of the registry: {n!r}" for n in named + named_none if n not in registry.names()]
+    problems += [f"method {m!r} is neither in the table's first column nor on the 'No departures' line"
+                 for m in registry.names() if m not in named + named_none]
+    for row in rows:
+        for span in re.findall(r"`([^`]+)`", row[4]):
+            m = SWITCH.match(span)
+            if not m:
+                continue
+            section, key, value = m.groups()
+            field = schema.model_fields.get(section)
+            model = field.annotation if field is not None else None
+            keys = {f.alias or name for name, f in model.model_fields.items()} if isinstance(model, type) else set()
+            if key not in keys:
+                problems.append(f"{span!r}: {section}.{key} is not a params key")
+            elif value is not None:
+                raw = yaml.safe_load(yaml.safe_dump(default_raw))
+                raw.setdefault(section, {})[key] = yaml.safe_load(value)
+                try:
+                    parse_params(raw, f"departures: {span}")
+                except ConfigError as err:
+                    problems.append(f"{span!r}: {err}")
+    return problems
+
+
+def test_the_departures_table_covers_every_method_and_its_switches_are_params(default_params_raw):
+    """docs/methods/departures.md: every method of the registry is in the first column or on the
+    "No departures" line, and every switch is a params key with a valid value; the check itself
+    catches a missing method, an unknown key and a bad value."""
+    text = DEPARTURES.read_text()
+    assert departures_problems(text, default_params_raw) == []
+    switches = [s for r in departures_rows(text) for s in re.findall(r"`([^`]+)`", r[4]) if SWITCH.match(s)]
+    assert len(switches) >= 10, switches  # the parsing found the switches at all
+    # the page is linked from the docs index, the methods index and every method page it has rows for
+    assert "(methods/departures.md)" in (DOCS / "index.md").read_text()
+    assert "(departures.md)" in (DOCS / "methods" / "index.md").read_text()
+    for name in {n for r in departures_rows(text) for n in re.findall(r"`(\w+)`", r[0])}:
+        assert "(departures.md)" in (DOCS / "methods" / f"{name}.md").read_text(), name
+    # and the check can fail
+    broken = (text.replace("No departures of their own: `fd`, ", "No departures of their own: ")
+              .replace("`fedcache.cold_start: zeros`", "`fedcache.cold_start: frozen`")
+              .replace("`pdfl.order: head_then_body`", "`pdfl.ordering: head_then_body`"))
+    found = departures_problems(broken, default_params_raw)
+    assert any("'fd'" in p for p in found), found
+    assert any("fedcache.cold_start: frozen" in p for p in found), found
+    assert any("pdfl.ordering is not a params key" in p for p in found), found
