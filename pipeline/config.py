@@ -1,7 +1,7 @@
 """Typed params: load params.yaml, validate it, fail early with one clear message.
 
 Every knob of the pipeline lives in params.yaml; this module is its schema. The shared sections
-(data, partition, encode, index, train, report) are defined here; each method's section is its
+(data, partition, encode, index, train, devices, report) are defined here; each method's section is its
 own `pipeline/methods/<name>/params.py` (a `MethodParams` subclass), found by the registry.
 Nothing here imports torch or method code: `names()` lists the method folders, and a method's
 params module is imported only when its section is validated.
@@ -189,6 +189,30 @@ class TrainParams(Section):
         return v
 
 
+class DevicesParams(Section):
+    """A device per client and the simulated clock (pipeline/federation/devices.py and clock.py, docs/devices.md)."""
+
+    enabled: bool = False
+    # the architecture speeds refer to (a drawn median and a trace's `computation` both): another runs slower by
+    # the ratio of the two architectures' computed costs
+    reference_model: Literal["resnet8", "resnet16", "resnet20"] = "resnet8"
+    samples_per_s: float = Field(100.0, gt=0, allow_inf_nan=False)  # median training samples per second
+    samples_per_s_sigma: float = Field(0.7, ge=0, le=5, allow_inf_nan=False)  # log-normal sigma (0: all equal)
+    up_mbps: float = Field(5.0, gt=0, allow_inf_nan=False)  # median uplink, Mbit/s
+    down_mbps: float = Field(20.0, gt=0, allow_inf_nan=False)  # median downlink, Mbit/s
+    bandwidth_sigma: float = Field(1.0, ge=0, le=5, allow_inf_nan=False)  # log-normal sigma of both
+    online_mean_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # None: always online
+    offline_mean_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    trace: str | None = None  # a FedScale device-capacity file (pickle) or a .csv: replaces the drawn speeds
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must be the path of a device-capacity file, or null to draw the devices")
+        return v
+
+
 class ReportParams(Section):
     baseline: MethodName = "fedavg"
     target_acc: dict[Literal["fashion_mnist", "mnist", "cifar10"], float] = {
@@ -213,6 +237,7 @@ class CoreParams(Section):
     encode: EncodeParams = EncodeParams()
     index: IndexParams = IndexParams()
     train: TrainParams = TrainParams()
+    devices: DevicesParams = DevicesParams()
     report: ReportParams = ReportParams()
 
     @model_validator(mode="after")
