@@ -150,6 +150,31 @@ class TrainParams(Section):
     group_size: int = Field(32, ge=1)
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core
+    # when a round ends on the simulated clock (devices.enabled; docs/devices.md): sync waits for every
+    # selected client, deadline drops the clients that miss the deadline; async is a later increment
+    schedule: Literal["sync", "deadline", "async"] = "sync"
+    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # deadline: simulated seconds after the round starts
+    deadline_quantile: float | None = Field(None, gt=0, le=1)  # deadline: this quantile of the round's client times
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_done(cls, v: str) -> str:
+        if v == "async":
+            raise ValueError("not yet: the asynchronous schedule is a later increment of issue 24; use sync (a round "
+                             "ends when its last selected client has uploaded) or deadline (docs/devices.md)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_deadline(self) -> "TrainParams":
+        given = [k for k in ("deadline_s", "deadline_quantile") if getattr(self, k) is not None]
+        if self.schedule == "deadline" and len(given) != 1:
+            raise ValueError("train.schedule = 'deadline' needs exactly one of train.deadline_s (simulated seconds) "
+                             "and train.deadline_quantile (a quantile of the round's client times, in (0, 1]); "
+                             + ("both are set: set the other one to null" if given else "set one of them"))
+        if self.schedule != "deadline" and given:
+            raise ValueError(f"train.{given[0]} = {getattr(self, given[0])!r} is read only when train.schedule is "
+                             f"deadline (it is {self.schedule!r}): set it to null, or train.schedule: deadline")
+        return self
 
     @field_validator("dask_address")
     @classmethod
@@ -239,6 +264,13 @@ class CoreParams(Section):
     train: TrainParams = TrainParams()
     devices: DevicesParams = DevicesParams()
     report: ReportParams = ReportParams()
+
+    @model_validator(mode="after")
+    def _clock_for_deadline(self) -> "CoreParams":
+        if self.train.schedule == "deadline" and not self.devices.enabled:
+            raise ValueError("train.schedule = 'deadline' drops the clients that miss the deadline on the simulated "
+                             "clock, which needs devices: set devices.enabled: true (or train.schedule: sync)")
+        return self
 
     @model_validator(mode="after")
     def _method_rules(self) -> "CoreParams":

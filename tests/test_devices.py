@@ -164,13 +164,30 @@ def _with(raw, **sections):
 
 
 @pytest.mark.parametrize("sections, fragments", [
+    ({"train": {"schedule": "async"}}, ["train.schedule = 'async'", "not yet", "sync", "deadline"]),
+    ({"train": {"schedule": "deadline"}, "devices": {"enabled": True}},
+     ["exactly one of train.deadline_s", "train.deadline_quantile", "set one of them"]),
+    ({"train": {"schedule": "deadline", "deadline_s": 5.0, "deadline_quantile": 0.5}, "devices": {"enabled": True}},
+     ["both are set"]),
+    ({"train": {"deadline_s": 5.0}}, ["train.deadline_s = 5.0", "only when train.schedule is deadline"]),
+    ({"train": {"schedule": "deadline", "deadline_s": 5.0}}, ["devices.enabled: true"]),
+    ({"train": {"schedule": "deadline", "deadline_quantile": 1.5}, "devices": {"enabled": True}},
+     ["train.deadline_quantile = 1.5", "less than or equal to 1"]),
+    ({"train": {"schedule": "deadline", "deadline_s": 0}, "devices": {"enabled": True}},
+     ["train.deadline_s = 0", "greater than 0"]),
     ({"devices": {"samples_per_s": 0}}, ["devices.samples_per_s = 0", "greater than 0"]),
     ({"devices": {"bandwidth_sigma": -1}}, ["devices.bandwidth_sigma = -1"]),
     ({"devices": {"reference_model": "vgg"}}, ["devices.reference_model = 'vgg'", "'resnet8'"]),
     ({"devices": {"tracee": "x.pkl"}}, ["devices.tracee", "unknown key", "trace"]),
 ])
-def test_bad_device_params_are_refused_naming_the_key(default_params_raw, sections, fragments):
+def test_bad_clock_params_are_refused_naming_the_key(default_params_raw, sections, fragments):
     with pytest.raises(ConfigError) as err:
         parse_params(_with(default_params_raw, **sections), "my-params.yaml")
     for fragment in fragments:
         assert fragment in str(err.value), str(err.value)
+
+
+def test_a_deadline_with_devices_is_accepted(default_params_raw):
+    params = parse_params(_with(default_params_raw, train={"schedule": "deadline", "deadline_quantile": 0.8},
+                                devices={"enabled": True}))
+    assert (params.train.schedule, params.train.deadline_quantile, params.devices.enabled) == ("deadline", 0.8, True)

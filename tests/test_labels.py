@@ -51,7 +51,8 @@ def _old_file(path):
     con.execute("ALTER TABLE runs DROP COLUMN label")
     con.execute("INSERT INTO runs (run_id, algorithm, dataset, setting, params, git_rev, status) "
                 "VALUES ('fd-old', 'fd', 'mnist', 'homo', '{}', 'abc', 'finished')")
-    con.execute("INSERT INTO rounds VALUES ('fd-old', 0, 0.5, 0, 0, 0.1)")
+    con.execute("INSERT INTO rounds (run_id, round, mean_acc, bytes_up, bytes_down, wall_s) "
+                "VALUES ('fd-old', 0, 0.5, 0, 0, 0.1)")
     con.close()
 
 

@@ -10,6 +10,9 @@ definition of set-up bytes that summaries, the report and the dashboard share.
 `client` is the client whose traffic it is: "up" = sent by it, "down" = received by it.
 `peer` is the other end: -1 for the server; in decentralized methods (pDFL) the receiving
 client of a directed edge, recorded once, on the sender's side, as "up".
+
+With a simulated clock (pipeline/federation/clock.py) each row also carries the simulated instant
+its payload completed (`stamp`; the latest, when several payloads share a row); without one, None.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Ledger:
     counts: dict[int, dict[tuple[int, str, str, int], int]] = field(default_factory=dict)
     # running totals over the run: (direction, is_setup_round) -> bytes
     grand: dict[tuple[str, bool], int] = field(default_factory=lambda: defaultdict(int))
+    # round -> (client, direction, kind, peer) -> simulated seconds when the row's last payload completed
+    times: dict[int, dict[tuple[int, str, str, int], float]] = field(default_factory=dict)
 
     def record(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER) -> Payload:
         """Count a payload as sent; returns it so a send reads as one expression."""
@@ -60,6 +65,19 @@ class Ledger:
         in_round[(client, direction, payload.kind, peer)] += n
         self.grand[(direction, round_ == SETUP_ROUND)] += n
         return payload
+
+    def stamp(self, round_: int, client: int, direction: str, kind: str, at: float, peer: int = SERVER) -> None:
+        """The simulated instant a recorded row's payload completed (a row keeps its latest)."""
+        key = (client, direction, kind, peer)
+        if key not in self.counts.get(round_, {}):
+            raise KeyError(f"no ledger row {key} in round {round_} to stamp")
+        in_round = self.times.setdefault(round_, {})
+        in_round[key] = max(in_round.get(key, at), at)
+
+    def timed_rows(self, round_: int) -> list[tuple[int, int, str, str, int, int, float | None]]:
+        """rows() with each row's simulated instant (None: not stamped, e.g. no clock)."""
+        times = self.times.get(round_, {})
+        return [(*row, times.get((row[1], row[2], row[3], row[5]))) for row in self.rows(round_)]
 
     def rows(self, round_: int) -> list[tuple[int, int, str, str, int, int]]:
         """(round, client, direction, kind, bytes, peer) rows of one round, sorted."""
@@ -74,8 +92,10 @@ class Ledger:
         return sum(b for (_, d, _, _), b in self.counts.get(round_, {}).items() if direction is None or d == direction)
 
     def state_dict(self) -> dict:
-        return {"counts": {r: dict(c) for r, c in self.counts.items()}, "grand": dict(self.grand)}
+        return {"counts": {r: dict(c) for r, c in self.counts.items()}, "grand": dict(self.grand),
+                "times": {r: dict(t) for r, t in self.times.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.counts = {r: defaultdict(int, c) for r, c in state["counts"].items()}
         self.grand = defaultdict(int, state["grand"])
+        self.times = {r: dict(t) for r, t in state.get("times", {}).items()}

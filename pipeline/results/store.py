@@ -64,6 +64,10 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS experiment VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS changed JSON;
 -- what ran: the method plus its non-default knobs (pipeline.results.labels, issue 22); NULL in files from before it
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS label VARCHAR;
+-- the simulated clock (issue 24; pipeline/federation/clock.py): when the round ended / a row's payload completed,
+-- simulated seconds from the run's start; NULL without devices.enabled and in files from before it
+ALTER TABLE rounds ADD COLUMN IF NOT EXISTS sim_time_s DOUBLE;
+ALTER TABLE comm ADD COLUMN IF NOT EXISTS sim_time_s DOUBLE;
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
 );
@@ -273,18 +277,21 @@ class ResultsDB:
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
                     wall_s: float, client_rows: list[tuple[int, float, int]], comm_rows: list[tuple],
-                    extras: dict[str, float] | None = None) -> None:
+                    extras: dict[str, float] | None = None, sim_time_s: float | None = None) -> None:
         """One round's rows in one transaction. client_rows: (client, acc, n_test); comm_rows: (round, client, dir,
-        kind, bytes, peer); extras: named round metrics (e.g. a second accuracy reading)."""
+        kind, bytes, peer[, sim_time_s]); extras: named round metrics (e.g. a second accuracy reading);
+        sim_time_s: the simulated instant the round ended (None: no simulated clock)."""
+        comm_rows = [tuple(row) if len(row) == 7 else (*row, None) for row in comm_rows]
         with self.connect() as con:
             con.execute("BEGIN")
-            con.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?)", [run_id, round_, mean_acc, bytes_up, bytes_down, wall_s])
+            con.execute("INSERT INTO rounds (run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", [run_id, round_, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s])
             if client_rows:
                 con.executemany("INSERT INTO client_rounds VALUES (?, ?, ?, ?, ?)",
                                 [(run_id, round_, c, a, n) for c, a, n in client_rows])
             if comm_rows:
-                con.executemany("INSERT INTO comm (run_id, round, client_id, direction, kind, bytes, peer_id) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
+                con.executemany("INSERT INTO comm (run_id, round, client_id, direction, kind, bytes, peer_id, sim_time_s) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
             if extras:
                 con.executemany("INSERT INTO round_metrics VALUES (?, ?, ?, ?)",
                                 [(run_id, round_, k, v) for k, v in extras.items()])

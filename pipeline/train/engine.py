@@ -16,6 +16,12 @@ One round, top to bottom (Simulation.run_round, then Trainer._finish_round):
 The engine records every payload that crosses steps 2-4 (and the per-step exchange hook) in the
 byte ledger, so no method counts its own bytes.
 
+With `devices.enabled`, a simulated clock (pipeline/federation/clock.py) times each round on the
+clients' devices: between steps 3 and 4 it decides, from the bytes and samples of each client, when
+each upload completes and when the round ends (`train.schedule`); under `deadline` the clients that
+miss it are dropped there: their uploads are neither counted nor aggregated. Every round row and
+ledger row then carries its simulated instant; wall time is measured as before.
+
 Round 0 is set-up: the clients' one-time uploads (FedCache's hash codes) and an evaluation of
 the initial models. Client state (model, optimizer) persists across rounds. Randomness comes
 from named seed streams keyed by (round, client), so a resumed run draws exactly what an
@@ -41,9 +47,12 @@ import torch
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.devices import resolve_device
+from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, build_clients
+from pipeline.federation.clock import Clock, RoundPlan, build_clock
+from pipeline.federation.devices import population
 from pipeline.federation.contract import LocalUpdate, Method, ServerContext
-from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Ledger, Payload
+from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.results.labels import run_label
 from pipeline.seeds import rng
 from pipeline.train import checkpoint
@@ -108,6 +117,9 @@ class Simulation:
         self.executor = executor
         self.ledger = Ledger()
         self.fresh_optimizer = ctx.params.train.fresh_optimizer
+        self.local_epochs = ctx.params.train.local_epochs
+        self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
+        self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
 
     def setup(self) -> None:
         """Round 0: every client's one-time upload, counted as set-up traffic, to the server half."""
@@ -115,12 +127,26 @@ class Simulation:
         for k, upload in uploads.items():
             for p in upload.payloads:
                 self.ledger.record(SETUP_ROUND, k, UP, p)
+        if self.clock is not None:
+            done = self.clock.setup({k: sum(p.nbytes for p in u.payloads) for k, u in uploads.items()})
+            for k, upload in uploads.items():
+                for p in upload.payloads:
+                    self.ledger.stamp(SETUP_ROUND, k, UP, p.kind, done[k])
         self.server.setup(uploads)
+
+    def samples_trained(self, client: Client, round_: int) -> int:
+        """The samples a client's local update trains on: every phase's pass over its data, each batch `repeat` times."""
+        return sum(self.local_epochs * client.num_train * phase.repeat for phase in self.local.phases(round_))
 
     def run_round(self, round_: int, selected: list[int], timer: Timer | None = None) -> None:
         """One round of training, top to bottom: downloads, local updates, uploads, aggregation."""
         timer = timer or Timer()
-        ledger, server = self.ledger, self.server
+        ledger, server, clock = self.ledger, self.server, self.clock
+        start = 0.0
+        if clock is not None:  # the selected clients offline when the round starts sit it out
+            start, selected = clock.begin_round(selected)
+        exchanged: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # per-step bytes a client sent, received
+        exchange_rows: set[tuple[int, tuple[int, str, str, int]]] = set()  # (client, its per-step ledger row)
 
         def record_download(client: int, payload: Payload) -> None:
             if payload.sender is None:
@@ -133,9 +159,13 @@ class Simulation:
             with timer("exchange"):
                 for k, p in uploads.items():
                     ledger.record(round_, k, UP, p)
+                    exchanged[k][0] += p.nbytes
+                    exchange_rows.add((k, (k, UP, p.kind, SERVER)))
                 downloads = server.exchange(round_, uploads)
                 for k, p in downloads.items():
                     record_download(k, p)
+                    exchanged[k][1] += p.nbytes
+                    exchange_rows.add((k, (k, DOWN, p.kind, SERVER) if p.sender is None else (p.sender, UP, p.kind, k)))
                 return downloads
 
         with timer("exchange"):
@@ -148,11 +178,39 @@ class Simulation:
                 self.clients[k].new_optimizer()
         uploads = self.executor.run(self.local, [self.clients[k] for k in selected], downloads, round_,
                                     StepHook(exchange, server.end_step))
+        kept, plan = selected, None
+        if clock is not None:  # when each upload would complete, who is kept, when the round ends
+            plan = clock.close(start, {k: clock.client_time(
+                k, self.samples_trained(self.clients[k], round_), sum(p.nbytes for p in downloads[k]),
+                sum(p.nbytes for p in uploads[k].payloads), *exchanged[k]) for k in selected})
+            self._stamp(round_, plan, downloads, exchange_rows)
+            kept = plan.kept
+        self.last_plan = plan
         with timer("exchange"):
-            for k in selected:
+            for k in kept:
                 for p in uploads[k].payloads:
                     ledger.record(round_, k, UP, p)
-            server.aggregate(round_, uploads)
+                    if plan is not None:
+                        ledger.stamp(round_, k, UP, p.kind, plan.finish(k))
+            if len(kept) < len(selected):  # dropped: what they trained never reaches the server
+                arrived = set(kept)
+                uploads = {k: u for k, u in uploads.items() if k in arrived}
+            if uploads:  # every participant dropped: the server has nothing to fold in
+                server.aggregate(round_, uploads)
+
+    def _stamp(self, round_: int, plan: RoundPlan, downloads: dict[int, list[Payload]],
+               exchange_rows: set[tuple[int, tuple[int, str, str, int]]]) -> None:
+        """Each download row completes when its client's download does (from another client: on the sender's
+        row); each per-step exchange row when the client's local work ends."""
+        for k, payloads in downloads.items():
+            at = plan.start + plan.times[k].downloaded
+            for p in payloads:
+                if p.sender is None:
+                    self.ledger.stamp(round_, k, DOWN, p.kind, at)
+                else:
+                    self.ledger.stamp(round_, p.sender, UP, p.kind, at, peer=k)
+        for k, (client, direction, kind, peer) in exchange_rows:
+            self.ledger.stamp(round_, client, direction, kind, plan.start + plan.times[k].trained, peer)
 
     def evaluate(self, round_: int) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
         """Every client on its own test split (a client task, run by the executor); the server half
@@ -200,10 +258,20 @@ class Trainer:
         self.setting = "hetero" if hetero else "homo"
         ctx = ServerContext(params, part.num_clients, ds.num_classes, ds.input_shape, part, self.device, run_dir,
                             hetero)
+        if params.devices.enabled and params.train.schedule == "deadline" and local.uses_exchange:
+            raise ConfigError(f"train.schedule = 'deadline' with {algorithm_cls.name}'s per-step exchange (its client half "
+                              "talks to the server at every step, e.g. fedcache.consistency live or step) is not done "
+                              "yet: set fedcache.consistency: round, or train.schedule: sync")
+        devices = population(params.devices, part.num_clients, params.seed) if params.devices.enabled else None
         self.sim = Simulation(algorithm_cls, build_clients(params, part, ds, self.device, hetero), ctx, executor, local)
+        if devices is not None:
+            self.sim.clock = build_clock(params, devices, [c.model for c in self.sim.clients], ds.input_shape,
+                                         ds.num_classes)
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
         inputs = algorithm_cls.inputs() if input_files is None else input_files
+        if params.devices.enabled and params.devices.trace is not None:  # a checkpoint resumes only on the same trace
+            inputs = [*inputs, Path(params.devices.trace)]
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
@@ -316,8 +384,10 @@ class Trainer:
         with timer("db"):
             self.algorithm.end_round(round_)
             ledger = self.ledger
+            clock = self.sim.clock
             self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
-                                     time.perf_counter() - start, rows, ledger.rows(round_), extras)
+                                     time.perf_counter() - start, rows, ledger.timed_rows(round_), extras,
+                                     sim_time_s=None if clock is None else clock.now)
         self.history.append((round_, mean_acc))
         if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
             with timer("checkpoint"):
@@ -337,6 +407,7 @@ class Trainer:
             "ledger": self.ledger.state_dict(),
             "history": list(self.history),
             "torch_rng": torch.get_rng_state(),
+            "clock": None if self.sim.clock is None else self.sim.clock.state_dict(),
         }
 
     def _restore(self, state: dict) -> None:
@@ -349,10 +420,13 @@ class Trainer:
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         torch.set_rng_state(state["torch_rng"])
+        if self.sim.clock is not None:
+            self.sim.clock.load_state_dict(state["clock"])
 
     def summary(self) -> dict:
         evaluated = [(r, a) for r, a in self.history if a is not None]
         ledger = self.ledger
+        clock = {} if self.sim.clock is None else {"sim_time_s": round(self.sim.clock.now, 6)}
         return {
             "run_id": self.run_id,
             "algorithm": self.algorithm.name,
@@ -365,6 +439,7 @@ class Trainer:
             "bytes_setup": ledger.total() - ledger.total(setup=False),
             "bytes_up": ledger.total(direction=UP),
             "bytes_down": ledger.total(direction=DOWN),
+            **clock,  # the run's simulated seconds (devices.enabled)
             # wall seconds of this process's rounds (set-up round 0 included) and of their parts: where a stage's time goes
             "seconds": {name: round(v, 3) for name, v in sorted(self.seconds.items())},
         }
