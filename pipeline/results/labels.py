@@ -31,11 +31,9 @@ def run_label(params: Any, algorithm: str) -> str:
     """`algorithm` plus the non-default knobs of its section `params.<algorithm>`, in the order the
     section's model declares them, each under its params.yaml name (the alias: `lambda`, not `lambda_`)."""
     section = getattr(params, algorithm)
+    # both dumps list the fields in declaration order; model_construct() is the section with its defaults
+    # (no type(section) here: tests/test_dvc_params.py hands the code a recording proxy of the params)
     dumped = section.model_dump(mode="json", by_alias=True)
-    knobs = []
-    for name, field in type(section).model_fields.items():
-        if getattr(section, name) == field.get_default(call_default_factory=True):
-            continue
-        key = field.alias or name
-        knobs.append(f"{key}={_text(dumped[key])}")
+    defaults = section.model_construct().model_dump(mode="json", by_alias=True)
+    knobs = [f"{key}={_text(value)}" for key, value in dumped.items() if value != defaults[key]]
     return f"{algorithm} ({', '.join(knobs)})" if knobs else algorithm
