@@ -19,10 +19,9 @@ starting at zeros, 3 rounds, evaluated every round.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from workspace import deep_merge, fresh_trainer, load_workspace, prepare_workspace
+from workspace import deep_merge, fresh_trainer, load_workspace, prepare_workspace, print_seed_table
 
 CONSISTENCIES = ("live", "step", "round")
 
@@ -62,16 +61,7 @@ def main() -> None:
             print(f"seed {seed} {consistency:5s}: MAUA {summary['maua']:.4f}  final {summary['final_acc']:.4f}  "
                   f"{summary['bytes_total'] / 1e6:.2f} MB  {summary['wall_s']:.1f} s", flush=True)
 
-    def mean_std(values: list[float]) -> str:
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.4f} +- {std:.4f}"
-
-    print(f"\n| consistency | MAUA (mean +- std, {len(args.seeds)} seeds) | final accuracy | wall s per run |")
-    print("|---|---|---|---|")
-    for consistency, runs in results.items():
-        print(f"| {consistency} | {mean_std([r['maua'] for r in runs])} | {mean_std([r['final_acc'] for r in runs])} "
-              f"| {statistics.mean(r['wall_s'] for r in runs):.1f} |")
-
+    print_seed_table("consistency", results, len(args.seeds))
 
 if __name__ == "__main__":
     main()

@@ -23,10 +23,9 @@ and a table of mean +- std over the seeds (std with ddof 1).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from workspace import fresh_trainer, load_workspace, prepare_workspace
+from workspace import fresh_trainer, load_workspace, prepare_workspace, print_seed_table
 
 VARIANTS: dict[str, tuple[str, dict]] = {
     "fedict": ("fedict", {}),
@@ -65,16 +64,7 @@ def main() -> None:
             print(f"seed {seed} {variant:24s}: MAUA {summary['maua']:.4f}  final {summary['final_acc']:.4f}  "
                   f"{summary['wall_s']:.1f} s", flush=True)
 
-    def mean_std(values: list[float]) -> str:
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{statistics.mean(values):.4f} +- {std:.4f}"
-
-    print(f"\n| variant | MAUA (mean +- std, {len(args.seeds)} seeds) | final accuracy | wall s per run |")
-    print("|---|---|---|---|")
-    for variant, runs in results.items():
-        print(f"| {variant} | {mean_std([r['maua'] for r in runs])} | {mean_std([r['final_acc'] for r in runs])} "
-              f"| {statistics.mean(r['wall_s'] for r in runs):.1f} |")
-
+    print_seed_table("variant", results, len(args.seeds))
 
 if __name__ == "__main__":
     main()

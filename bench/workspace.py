@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -104,3 +105,17 @@ def fresh_trainer(params: Params, algorithm: str, part: Partition, ds: ImageData
     ckpt.unlink(missing_ok=True)
     return Trainer(params, REGISTRY[algorithm], part, ds, paths.RUNS / run_name, ckpt, ResultsDB(paths.RESULTS_DB),
                    [paths.PARTITION], hetero=hetero)
+
+
+def print_seed_table(first_column: str, results: Mapping[str, list[dict]], n_seeds: int) -> None:
+    """A Markdown table of run summaries grouped by variant: MAUA and final accuracy as mean +- std over
+    the seeds (std with ddof 1; 0 for one seed) and the mean wall seconds (summary["wall_s"])."""
+    def mean_std(values: list[float]) -> str:
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):.4f} +- {std:.4f}"
+
+    print(f"\n| {first_column} | MAUA (mean +- std, {n_seeds} seeds) | final accuracy | wall s per run |")
+    print("|---|---|---|---|")
+    for variant, runs in results.items():
+        print(f"| {variant} | {mean_std([r['maua'] for r in runs])} | {mean_std([r['final_acc'] for r in runs])} "
+              f"| {statistics.mean(r['wall_s'] for r in runs):.1f} |")
