@@ -29,7 +29,7 @@ def test_a_section_of_defaults_gives_the_bare_name():
 def test_one_and_two_knobs_in_the_order_the_model_declares_them():
     assert _label("pdfl", {"order": "body_then_head"}) == "pdfl (order=body_then_head)"
     # given the other way round, and beside a default value, which is left out
-    assert _label("fedcache", {"consistency": "step", "beta": 1.5, "T": 1.0}) == "fedcache (T=1.0, consistency=step)"
+    assert _label("fedcache", {"consistency": "live", "beta": 1.5, "T": 1.0}) == "fedcache (T=1.0, consistency=live)"
 
 
 def test_a_knob_with_an_alias_is_written_as_params_yaml_spells_it():
