@@ -151,18 +151,19 @@ class TrainParams(Section):
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core
     # when a round ends on the simulated clock (devices.enabled; docs/devices.md): sync waits for every
-    # selected client, deadline drops the clients that miss the deadline; async is a later increment
+    # selected client, deadline drops the clients that miss the deadline; async has no rounds: every client
+    # trains whenever its device allows, and a "round" is a fixed span of simulated time (async_eval_s)
     schedule: Literal["sync", "deadline", "async"] = "sync"
     deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # deadline: simulated seconds after the round starts
     deadline_quantile: float | None = Field(None, gt=0, le=1)  # deadline: this quantile of the round's client times
-
-    @field_validator("schedule")
-    @classmethod
-    def _schedule_done(cls, v: str) -> str:
-        if v == "async":
-            raise ValueError("not yet: the asynchronous schedule is a later increment of issue 24; use sync (a round "
-                             "ends when its last selected client has uploaded) or deadline (docs/devices.md)")
-        return v
+    # async (pipeline/train/async_loop.py): the simulated seconds between two evaluations; None: the median client's
+    # update time (its training plus its declared bytes over its links)
+    async_eval_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # async parameter averaging (FedAsync): an arriving update is mixed in with weight
+    # async_alpha * (1 + staleness) ** -async_staleness_exponent; async_buffer: fold every this many arrivals
+    async_alpha: float = Field(0.6, gt=0, le=1, allow_inf_nan=False)
+    async_staleness_exponent: float = Field(0.5, ge=0, allow_inf_nan=False)
+    async_buffer: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _one_deadline(self) -> "TrainParams":
@@ -174,6 +175,17 @@ class TrainParams(Section):
         if self.schedule != "deadline" and given:
             raise ValueError(f"train.{given[0]} = {getattr(self, given[0])!r} is read only when train.schedule is "
                              f"deadline (it is {self.schedule!r}): set it to null, or train.schedule: deadline")
+        return self
+
+    @model_validator(mode="after")
+    def _async_rules(self) -> "TrainParams":
+        if self.schedule != "async" and self.async_eval_s is not None:
+            raise ValueError(f"train.async_eval_s = {self.async_eval_s!r} is read only when train.schedule is async "
+                             f"(it is {self.schedule!r}): set it to null, or train.schedule: async")
+        if self.schedule == "async" and self.participation != 1.0:
+            raise ValueError(f"train.participation = {self.participation!r} samples clients per round, but "
+                             "train.schedule = 'async' has no rounds to sample for: every client trains whenever its "
+                             "device allows. Set train.participation: 1.0 (or train.schedule: sync)")
         return self
 
     @field_validator("dask_address")
@@ -270,6 +282,9 @@ class CoreParams(Section):
         if self.train.schedule == "deadline" and not self.devices.enabled:
             raise ValueError("train.schedule = 'deadline' drops the clients that miss the deadline on the simulated "
                              "clock, which needs devices: set devices.enabled: true (or train.schedule: sync)")
+        if self.train.schedule == "async" and not self.devices.enabled:
+            raise ValueError("train.schedule = 'async' lets each client train at its own device's pace on the "
+                             "simulated clock, which needs devices: set devices.enabled: true (or train.schedule: sync)")
         return self
 
     @model_validator(mode="after")

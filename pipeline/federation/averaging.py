@@ -1,5 +1,19 @@
 """Parameter averaging, shared by the methods that average models (FedAvg, MTFL, pFedMe, FedAlt):
-the sample-weighted mean of state dicts, and the server half that keeps one global state."""
+the sample-weighted mean of state dicts, and the server half that keeps one global state.
+
+Under `train.schedule: async` (pipeline/train/async_loop.py) that server half is FedAsync (Xie et al., 2019):
+each upload is mixed into the global state as it arrives,
+
+    global <- (1 - w) * global + w * upload,   w = alpha * s(staleness),   s(t) = (1 + t) ** -a
+
+(FedAsync's polynomial staleness function; alpha = `train.async_alpha`, a = `train.async_staleness_exponent`),
+the staleness being how many times the global state changed between the client's download and its upload's
+arrival. With `train.async_buffer` B > 1 (FedBuff-style buffering) the server holds arrivals until it has B
+and folds them at once: global <- (1 - sum w_i) * global + sum w_i * upload_i, w_i = alpha * s(t_i) / B
+(each upload's staleness counted when it arrives; B = 1 is FedAsync). Unlike FedBuff, the buffer mixes
+models, not model differences, and there is no server learning rate: B = 1 is FedAsync exactly.
+Uploads are not weighted by their sample counts (FedAsync does not).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +33,23 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     return out
 
 
+def staleness_weight(staleness: int, alpha: float, exponent: float) -> float:
+    """FedAsync's mixing weight of an upload that is `staleness` global versions old: alpha * (1 + staleness)^-a."""
+    return alpha * (1.0 + staleness) ** (-exponent)
+
+
+def mix(global_state: dict[str, torch.Tensor], states: list[dict[str, torch.Tensor]], weights: list[float]
+        ) -> dict[str, torch.Tensor]:
+    """(1 - sum w) * global + sum w_i * state_i, per tensor in float64; integer buffers (BatchNorm's step counter)
+    are rounded back."""
+    keep = 1.0 - float(sum(weights))
+    out = {}
+    for name, g in global_state.items():
+        acc = g.double() * keep + sum(s[name].double() * w for s, w in zip(states, weights))
+        out[name] = acc.round().to(g.dtype) if not g.is_floating_point() else acc.to(g.dtype)
+    return out
+
+
 def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().cpu().clone() for n, t in model.state_dict().items()}
 
@@ -31,6 +62,15 @@ class ParameterAveraging(Method):
     def __init__(self, ctx: ServerContext, global_state: dict[str, torch.Tensor]):
         super().__init__(ctx)
         self.global_state = global_state
+        t = ctx.params.train
+        self.asynchronous = t.schedule == "async"  # FedAsync: uploads folded in as they arrive (`arrive`)
+        self.version = 0  # async: how many times the global state has changed
+        self.sent_version: dict[int, int] = {}  # async: the version each client downloaded last
+        self.buffer: list[tuple[dict[str, torch.Tensor], float]] = []  # async: arrivals not folded yet, with weights
+
+    @classmethod
+    def async_unsupported(cls, params):
+        return None  # FedAsync (the module docstring); a subclass with its own aggregation says why not
 
     def wire(self, k):
         """The global state down, the client's state of the same tensors up."""
@@ -38,6 +78,8 @@ class ParameterAveraging(Method):
         return {("down", "params"): Wire(state), ("up", "params"): Wire(state)}
 
     def configure(self, round_, selected):
+        if self.asynchronous:  # what an arriving upload's staleness is counted from
+            self.sent_version.update({k: self.version for k in selected})
         return {k: [Payload("params", dict(self.global_state))] for k in selected}
 
     def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
@@ -47,8 +89,28 @@ class ParameterAveraging(Method):
     def aggregate(self, round_, uploads):
         self.global_state = self.mean_upload(uploads)
 
+    def arrive(self, round_, k, upload):
+        """FedAsync: mix one arriving upload in, staleness-weighted; with a buffer, every B arrivals at once."""
+        t = self.ctx.params.train
+        staleness = self.version - self.sent_version.pop(k)
+        self.buffer.append((upload.payloads[0].arrays, staleness_weight(staleness, t.async_alpha,
+                                                                        t.async_staleness_exponent)))
+        if len(self.buffer) >= t.async_buffer:
+            states, weights = zip(*self.buffer)
+            self.global_state = mix(self.global_state, list(states), [w / t.async_buffer for w in weights])
+            self.version += 1
+            self.buffer = []
+
     def state_dict(self) -> dict:
-        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
+        state = {"global": {n: t.clone() for n, t in self.global_state.items()}}
+        if self.asynchronous:
+            state["async"] = {"version": self.version, "sent_version": dict(self.sent_version),
+                              "buffer": [(dict(s), w) for s, w in self.buffer]}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.global_state = {n: t.clone() for n, t in state["global"].items()}
+        if self.asynchronous:
+            a = state["async"]
+            self.version, self.sent_version = int(a["version"]), {int(k): int(v) for k, v in a["sent_version"].items()}
+            self.buffer = [(dict(s), float(w)) for s, w in a["buffer"]]

@@ -225,6 +225,14 @@ class Method:
         """Why the vectorized executor cannot run this method with these params (None: it can)."""
         return None
 
+    @classmethod
+    def async_unsupported(cls, params: Params) -> str | None:
+        """Why `train.schedule: async` cannot run this method (None: it can). A method that can has a server half
+        that takes one client's upload at a time (`arrive`) and makes one client's download from whatever it
+        holds at that instant (`configure` with one client); by default a method has not been checked for that."""
+        return (f"{cls.name}'s server half is written for rounds (a round's uploads folded together); its "
+                "asynchronous form is not done")
+
     # -- server half ---------------------------------------------------------------------
 
     def wire(self, k: int) -> dict[tuple[str, str], Wire]:
@@ -249,6 +257,12 @@ class Method:
 
     def aggregate(self, round_: int, uploads: dict[int, Upload]) -> None:
         """Fold the selected clients' uploads into the server's state."""
+
+    def arrive(self, round_: int, k: int, upload: Upload) -> None:
+        """`train.schedule: async`: fold client k's upload in as it arrives (`round_`: the evaluation span it
+        arrives in). Default: `aggregate` with that one upload (right for a method whose server keeps each
+        client's latest upload, FedCache's cache, FD's class logits)."""
+        self.aggregate(round_, {k: upload})
 
     def evaluation(self, round_: int) -> list[Payload]:
         """What every client evaluates with besides its own model (e.g. FedAvg's global model)."""

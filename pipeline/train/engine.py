@@ -20,7 +20,9 @@ With `devices.enabled`, a simulated clock (pipeline/federation/clock.py) times e
 clients' devices: between steps 3 and 4 it decides, from the bytes and samples of each client, when
 each upload completes and when the round ends (`train.schedule`); under `deadline` the clients that
 miss it are dropped there: their uploads are neither counted nor aggregated. Every round row and
-ledger row then carries its simulated instant; wall time is measured as before.
+ledger row then carries its simulated instant; wall time is measured as before. Under `train.schedule:
+async` there are no rounds to run: pipeline/train/async_loop.py runs the clients' updates event by event,
+and a "round" is a fixed span of simulated time, evaluated and written as a round is (steps 5 and 6).
 
 Round 0 is set-up: the clients' one-time uploads (FedCache's hash codes) and an evaluation of
 the initial models. Client state (model, optimizer) persists across rounds. Randomness comes
@@ -56,6 +58,7 @@ from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Pa
 from pipeline.results.labels import run_label
 from pipeline.seeds import rng
 from pipeline.train import checkpoint
+from pipeline.train.async_loop import AsyncLoop
 from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
 
 if TYPE_CHECKING:  # the training core runs without the service libraries (bench/gpu_check.sh)
@@ -221,8 +224,13 @@ class Simulation:
 
 def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate):
     """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
-    vectorized, or its client half (`local`) calls the per-step exchange hook, which cannot run on a Dask worker."""
+    vectorized, or its client half (`local`) calls the per-step exchange hook, which cannot run on a Dask worker,
+    or the schedule is async (one client's update at a time, each at its own simulated instant)."""
     if params.train.executor == "sequential":
+        return SequentialExecutor()
+    if params.train.schedule == "async":
+        print(f"{method_cls.name}: runs on the sequential executor (train.schedule async trains one client's update "
+              "at a time, each at its own simulated instant)", flush=True)
         return SequentialExecutor()
     if params.train.executor == "dask":
         if local.uses_exchange:
@@ -245,6 +253,12 @@ class Trainer:
                  checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False,
                  run_info: RunInfo = RunInfo()):
         self.run_info = run_info
+        asynchronous = params.train.schedule == "async"  # the params schema has checked devices.enabled
+        why_not = algorithm_cls.async_unsupported(params) if asynchronous else None
+        if why_not:
+            raise ConfigError(f"train.schedule = 'async' cannot run {algorithm_cls.name}: {why_not}. Set "
+                              f"train.schedule: sync (or deadline) for it, or leave {algorithm_cls.name} out of "
+                              "train.algorithms")
         local = algorithm_cls.client_cls(params, ds.num_classes)
         executor = make_executor(params, algorithm_cls, local)
         torch.set_num_threads(params.train.threads or executor.threads)
@@ -267,6 +281,7 @@ class Trainer:
         if devices is not None:
             self.sim.clock = build_clock(params, devices, [c.model for c in self.sim.clients], ds.input_shape,
                                          ds.num_classes)
+        self.async_loop = AsyncLoop(self.sim, params.train.async_eval_s, run_dir) if asynchronous else None
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
         inputs = algorithm_cls.inputs() if input_files is None else input_files
@@ -308,6 +323,8 @@ class Trainer:
             if problem is None:
                 self._restore(state)
                 self.results.drop_after(self.run_id, state["round"])
+                if self.async_loop is not None:
+                    self.async_loop.truncate_log(state["round"])
                 return state["round"] + 1
             print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
                   flush=True)
@@ -321,15 +338,20 @@ class Trainer:
         self.timer.reset()
         with self.timer("exchange"):
             self.sim.setup()  # one-time traffic, counted as round 0
+        if self.async_loop is not None:
+            self.async_loop.begin()  # every client's first update starts when the set-up is done
         self._finish_round(SETUP_ROUND, start)
         return 1
 
     def run_round(self, round_: int) -> None:
         start = time.perf_counter()
         self.timer.reset()
-        with self.timer("select"):
-            selected = self.select_clients(round_)
-        self.sim.run_round(round_, selected, self.timer)
+        if self.async_loop is not None:  # async: round_ is a span of simulated time
+            self.async_loop.run_span(round_, self.timer)
+        else:
+            with self.timer("select"):
+                selected = self.select_clients(round_)
+            self.sim.run_round(round_, selected, self.timer)
         self._finish_round(round_, start)
 
     def finish(self) -> dict:
@@ -408,6 +430,8 @@ class Trainer:
             "history": list(self.history),
             "torch_rng": torch.get_rng_state(),
             "clock": None if self.sim.clock is None else self.sim.clock.state_dict(),
+            # async: the event queue and every client's update in progress
+            **({} if self.async_loop is None else {"async": self.async_loop.state_dict()}),
         }
 
     def _restore(self, state: dict) -> None:
@@ -422,11 +446,15 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         if self.sim.clock is not None:
             self.sim.clock.load_state_dict(state["clock"])
+        if self.async_loop is not None:
+            self.async_loop.load_state_dict(state["async"])
 
     def summary(self) -> dict:
         evaluated = [(r, a) for r, a in self.history if a is not None]
         ledger = self.ledger
         clock = {} if self.sim.clock is None else {"sim_time_s": round(self.sim.clock.now, 6)}
+        if self.async_loop is not None:
+            clock["async_eval_s"] = self.async_loop.span_s  # the span of simulated time a round stands for
         return {
             "run_id": self.run_id,
             "algorithm": self.algorithm.name,

@@ -26,3 +26,11 @@ class FedCacheParams(MethodParams):
             raise ValueError("fedcache.consistency = 'step' makes all clients take each local step together, which "
                              f"only the vectorized executor does; train.executor is {params.train.executor!r}: set "
                              "train.executor: vectorized, or choose fedcache.consistency live or round")
+        if params.train.schedule == "async" and self.consistency != "round":
+            # under async a client reads the cache when its update starts and writes it when the update ends
+            # (round consistency's download and upload, at the client's own instants); reading it per batch at
+            # each batch's simulated instant is not done yet
+            raise ValueError(f"train.schedule = 'async' with fedcache.consistency = {self.consistency!r} (the cache "
+                             "read at every batch) is not done yet: set fedcache.consistency: round (each client "
+                             "reads the cache when its update starts and writes its logits when it ends), or "
+                             "train.schedule: sync")

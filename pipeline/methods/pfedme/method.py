@@ -89,6 +89,11 @@ class PFedMe(ParameterAveraging):
     def vectorized_unsupported(cls, params):
         return "pfedme moves each client's local copy w toward its own personal model after every step"
 
+    @classmethod
+    def async_unsupported(cls, params):
+        return ("pfedme's server moves the global model toward the round's mean by pfedme.beta; its asynchronous "
+                "form (FedAsync's mixing serves FedAvg and MTFL) is not done")
+
     def aggregate(self, round_, uploads):
         mean = self.mean_upload(uploads)
         if self.beta == 1.0:

@@ -1,0 +1,246 @@
+"""The asynchronous schedule (`train.schedule: async`, docs/devices.md): every client trains whenever its
+device allows, and nobody waits for anybody.
+
+A client runs one local update after another, each in four events on the simulated clock:
+
+  start       it is online (else it starts when it is next online): the server half makes its download from
+              what it holds at this instant (`Method.configure` with this one client);
+  downloaded  the download's bytes / its downlink later: the download is counted in the byte ledger;
+  trained     its training time later (the samples it trains / its speed, as the clock times a sync round):
+              the local update runs (the client half, as the sequential executor runs it) and makes its upload;
+  arrived     the upload's bytes / its uplink later: counted, and folded in by the server half
+              (`Method.arrive`); the client's next update starts at this same instant.
+
+So a client's cadence depends on its own device and bytes only: a client 10x slower than the others delays
+nobody. A client whose device goes offline before its upload arrives is dropped from that update, as under
+sync: it downloaded and trained (its model keeps what it trained), its upload is neither counted nor folded
+in, and it starts again when it is next online.
+
+What happens next is decided by a priority queue of (instant, event, client): the earliest instant first; at
+one instant arrivals before downloads before training before starts (an upload that arrives at the instant
+another client starts is in that client's download), then by client id. Each client has exactly one event
+in the queue, so the order is a function of the seeds alone.
+
+There are no rounds: a "round" is a span of simulated time, `train.async_eval_s` seconds (null: the median
+client's update time, `median_update_s`), starting when the set-up uploads of round 0 are done. Round r's row
+is the state at the end of span r: every event at or before that instant has happened, and every client is
+evaluated (every `train.eval_every` spans). A ledger row belongs to the span in which its payload completed,
+and carries that instant; transfers still under way when the last span ends are not counted.
+
+An update's local training is seeded by the client's own update number (its batches are those of a sync
+round of that number). The event log, one JSON object a line (span, instant, client, event, update), is
+written to the run's folder as `events.jsonl` at each span's end; the queue and every client's update in
+progress (its download, or its upload in flight) are in the checkpoint, so a killed run resumes to the same
+events and results.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.federation.contract import Upload
+from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Payload
+from pipeline.train.executors import SequentialExecutor
+
+if TYPE_CHECKING:
+    from pipeline.train.engine import Simulation, Timer
+
+# the events of one update, in the order they are taken when they fall on the same instant
+ARRIVED, DOWNLOADED, TRAINED, START = "arrived", "downloaded", "trained", "start"
+ORDER = (ARRIVED, DOWNLOADED, TRAINED, START)
+RANK = {name: i for i, name in enumerate(ORDER)}
+DROPPED = "dropped"  # logged, not queued: the device went offline before its upload arrived
+EVENTS_FILE = "events.jsonl"
+
+
+@dataclass
+class Update:
+    """A client's update in progress: its number (1, 2, ...), when it started, and what it carries between events."""
+
+    number: int = 0
+    start: float = 0.0
+    download: list[Payload] = field(default_factory=list)  # from start until trained
+    upload: Upload | None = None  # from trained until arrived
+
+
+def _payload_state(p: Payload) -> dict:
+    return {"kind": p.kind, "arrays": dict(p.arrays), "sender": p.sender}
+
+
+def _payload(state: dict) -> Payload:
+    return Payload(state["kind"], dict(state["arrays"]), state["sender"])
+
+
+def _nbytes(payloads: list[Payload]) -> int:
+    return sum(p.nbytes for p in payloads)
+
+
+class AsyncLoop:
+    """The event loop over a Simulation with a clock: `begin` after set-up, then `run_span(r)` for r = 1, 2, ..."""
+
+    def __init__(self, sim: Simulation, eval_s: float | None, run_dir: Path):
+        if sim.clock is None:
+            raise ValueError("the async schedule needs the simulated clock (devices.enabled)")
+        self.sim, self.clock = sim, sim.clock
+        self.eval_s = eval_s  # train.async_eval_s (None: derived in begin)
+        self.events_path = Path(run_dir) / EVENTS_FILE
+        self.queue: list[tuple[float, int, int]] = []  # (instant, RANK of the event, client)
+        self.updates = [Update() for _ in sim.clients]
+        self.t0 = 0.0  # when span 1 starts: the end of the set-up uploads
+        self.span_s = 0.0
+        self.log: list[dict] = []  # the current span's events, written at its end
+
+    # -- set-up and spans ------------------------------------------------------------------------------
+
+    def median_update_s(self) -> float:
+        """The median over clients of one update's simulated seconds: its training time plus the bytes its method
+        declares it downloads and uploads in a round (`Method.wire`; where a count is not exact, its bound), the
+        set-up kinds left out, over its own links."""
+        setup = {kind for (_, _, kind, _) in self.sim.ledger.counts.get(SETUP_ROUND, {})}
+        times = []
+        for k, client in enumerate(self.sim.clients):
+            wire = self.sim.server.wire(k)
+            moved = {d: sum(w.unit * w.count for (direction, kind), w in wire.items()
+                            if direction == d and kind not in setup) for d in (DOWN, UP)}
+            times.append(self.clock.client_time(k, self.sim.samples_trained(client, 1), moved[DOWN], moved[UP]).duration)
+        return float(np.median(times))
+
+    def begin(self) -> None:
+        """After round 0: span 1 starts at the clock's instant, and so does every client's first update."""
+        self.events_path.unlink(missing_ok=True)  # a new run's log
+        self.t0 = self.clock.now
+        self.span_s = float(self.eval_s) if self.eval_s is not None else self.median_update_s()
+        for k in range(len(self.updates)):
+            self._push(self.t0, START, k)
+
+    def span_end(self, r: int) -> float:
+        return self.t0 + r * self.span_s
+
+    def run_span(self, r: int, timer: Timer) -> None:
+        """Every event at or before the end of span r, in the queue's order; the clock moves to the span's end."""
+        end = self.span_end(r)
+        handlers = {START: self._start, DOWNLOADED: self._downloaded, TRAINED: self._trained, ARRIVED: self._arrived}
+        while self.queue and self.queue[0][0] <= end:
+            t, rank, k = heapq.heappop(self.queue)
+            handlers[ORDER[rank]](r, t, k, timer)
+        self.clock.now = end
+        self._write_log()
+
+    # -- the four events -------------------------------------------------------------------------------
+
+    def _start(self, r: int, t: float, k: int, timer: Timer) -> None:
+        device = self.clock.devices[k]
+        if not device.online_at(t):
+            self._push(device.next_online(t), START, k)
+            return
+        u = self.updates[k]
+        u.number, u.start = u.number + 1, t
+        with timer("exchange"):
+            u.download = self.sim.server.configure(r, [k])[k]  # what the server holds now
+        self._log(r, t, k, START)
+        self._push(t + _nbytes(u.download) / device.down_bytes_per_s, DOWNLOADED, k)
+
+    def _downloaded(self, r: int, t: float, k: int, timer: Timer) -> None:
+        u, ledger = self.updates[k], self.sim.ledger
+        for p in u.download:
+            if p.sender is None:
+                ledger.record(r, k, DOWN, p)
+                ledger.stamp(r, k, DOWN, p.kind, t)
+            else:  # from another client over a directed edge: counted on the sender's side, as sync does
+                ledger.record(r, p.sender, UP, p, peer=k)
+                ledger.stamp(r, p.sender, UP, p.kind, t, peer=k)
+        self._log(r, t, k, DOWNLOADED)
+        samples = self.sim.samples_trained(self.sim.clients[k], u.number)
+        self._push(t + self.clock.client_time(k, samples, 0, 0).compute_s, TRAINED, k)
+
+    def _trained(self, r: int, t: float, k: int, timer: Timer) -> None:
+        u, client, device = self.updates[k], self.sim.clients[k], self.clock.devices[k]
+        if self.sim.fresh_optimizer:
+            client.new_optimizer()
+        with timer("train"):  # seeded by the update's number, as a sync round by its number
+            upload = SequentialExecutor.run_client(self.sim.local, client, u.download, u.number)
+        u.download = []
+        self._log(r, t, k, TRAINED)
+        arrival = t + _nbytes(upload.payloads) / device.up_bytes_per_s
+        offline = device.online_until(u.start)
+        if offline < arrival:  # the connection drops first: the upload never arrives
+            at = max(offline, t)
+            self._log(r, at, k, DROPPED)
+            self._push(at, START, k)  # offline then: it starts again when it is next online
+            return
+        u.upload = upload
+        self._push(arrival, ARRIVED, k)
+
+    def _arrived(self, r: int, t: float, k: int, timer: Timer) -> None:
+        u, ledger = self.updates[k], self.sim.ledger
+        for p in u.upload.payloads:
+            ledger.record(r, k, UP, p)
+            ledger.stamp(r, k, UP, p.kind, t)
+        with timer("exchange"):
+            self.sim.server.arrive(r, k, u.upload)
+        u.upload = None
+        self._log(r, t, k, ARRIVED)
+        self._push(t, START, k)  # the next update starts at once (when online)
+
+    # -- queue, log, checkpoint ------------------------------------------------------------------------
+
+    def _push(self, t: float, event: str, k: int) -> None:
+        heapq.heappush(self.queue, (float(t), RANK[event], k))
+
+    def _log(self, r: int, t: float, k: int, event: str) -> None:
+        self.log.append({"span": r, "t": t, "client": k, "event": event, "update": self.updates[k].number})
+
+    def _write_log(self) -> None:
+        with open(self.events_path, "a") as f:
+            f.writelines(json.dumps(e) + "\n" for e in self.log)
+            f.flush()
+            os.fsync(f.fileno())
+        self.log = []
+
+    def events(self) -> list[dict]:
+        """The run's event log so far (what events.jsonl holds)."""
+        if not self.events_path.is_file():
+            return []
+        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+
+    def truncate_log(self, r: int) -> None:
+        """On resume from span r's checkpoint: keep the events of spans up to r (a killed run may have written
+        the next span's, or part of a line of them), atomically."""
+        if not self.events_path.is_file():
+            return
+        kept = []
+        for line in self.events_path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the kill: of a span after the checkpoint
+                continue
+            if event["span"] <= r:
+                kept.append(line + "\n")
+        tmp = self.events_path.with_name(EVENTS_FILE + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.events_path)
+
+    def state_dict(self) -> dict:
+        return {"t0": self.t0, "span_s": self.span_s, "queue": sorted(self.queue),
+                "updates": [{"number": u.number, "start": u.start,
+                             "download": [_payload_state(p) for p in u.download],
+                             "upload": None if u.upload is None else {
+                                 "payloads": [_payload_state(p) for p in u.upload.payloads], "kept": dict(u.upload.kept)}}
+                            for u in self.updates]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t0, self.span_s = float(state["t0"]), float(state["span_s"])
+        self.queue = [(float(t), int(rank), int(k)) for t, rank, k in state["queue"]]
+        heapq.heapify(self.queue)
+        self.updates = [Update(int(u["number"]), float(u["start"]), [_payload(p) for p in u["download"]],
+                               None if u["upload"] is None else Upload([_payload(p) for p in u["upload"]["payloads"]],
+                                                                        dict(u["upload"]["kept"])))
+                        for u in state["updates"]]
+        self.log = []

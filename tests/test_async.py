@@ -1,0 +1,221 @@
+"""The asynchronous schedule (issue 24): `train.schedule: async` (pipeline/train/async_loop.py).
+
+Pure checks first (FedAsync's weight on a hand case in float64, a buffer of B folding every B arrivals, the
+refusals naming their keys), then tiny real runs (3 MNIST clients of 30 samples, the devices of a CSV trace):
+a client 10x slower leaves the others' update instants unchanged (a sync round it makes 10x longer:
+tests/test_clock.py); every download and upload of the event log is in the ledger; the same seeds give the
+same event log and rows; a run resumed from a checkpoint ends where an uninterrupted one does (killed by
+SIGKILL: tests/test_resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import with_section
+from pipeline import paths
+from pipeline.config import ConfigError, parse_params
+from pipeline.federation.averaging import ParameterAveraging, mix, staleness_weight
+from pipeline.federation.contract import ServerContext, Upload
+from pipeline.federation.ledger import Payload
+from pipeline.train.async_loop import EVENTS_FILE
+from test_clock import _rows, _run, _trace, _trainer
+
+# ------------------------------------------------------------------------------------------ FedAsync, pure
+
+
+def test_fedasync_mixes_an_upload_in_with_its_staleness_weight_on_a_hand_case():
+    assert staleness_weight(0, 0.6, 0.5) == 0.6
+    assert staleness_weight(3, 0.6, 0.5) == 0.6 * 4 ** -0.5 == 0.3  # alpha * (1 + 3)^(-1/2)
+    assert staleness_weight(7, 0.5, 1.0) == 0.0625 and staleness_weight(9, 0.8, 0.0) == 0.8
+    g = {"w": torch.tensor([1.0, -2.0], dtype=torch.float64), "n": torch.tensor(10)}  # n: an integer buffer
+    up = {"w": torch.tensor([3.0, 6.0], dtype=torch.float64), "n": torch.tensor(20)}
+    out = mix(g, [up], [0.3])
+    assert out["w"].tolist() == [1.0 * 0.7 + 3.0 * 0.3, -2.0 * 0.7 + 6.0 * 0.3]  # (1 - w) global + w upload
+    assert out["w"].dtype == torch.float64 and out["n"].item() == 13 and out["n"].dtype == torch.int64
+
+
+def _server(default_params_raw, tmp_path, buffer: int) -> ParameterAveraging:
+    raw = default_params_raw
+    raw["train"].update(schedule="async", async_buffer=buffer, async_alpha=0.6, async_staleness_exponent=0.5)
+    raw["devices"]["enabled"] = True
+    raw["fedcache"]["consistency"] = "round"  # (every section is validated: FedCache's async needs it)
+    ctx = ServerContext(parse_params(raw), 3, 10, (1, 28, 28), None, torch.device("cpu"), tmp_path)
+    return ParameterAveraging(ctx, {"w": torch.tensor([0.0], dtype=torch.float64)})
+
+
+def _arrive(server, k: int, value: float) -> None:
+    server.arrive(1, k, Upload([Payload("params", {"w": torch.tensor([value], dtype=torch.float64)})]))
+
+
+def test_fedasync_alone_folds_every_arrival_counting_staleness_in_folds(default_params_raw, tmp_path):
+    server = _server(default_params_raw, tmp_path, buffer=1)
+    server.configure(1, [0, 1])  # both download version 0
+    _arrive(server, 0, 1.0)  # staleness 0: weight 0.6
+    assert server.version == 1 and server.global_state["w"].item() == 0.6
+    _arrive(server, 1, 2.0)  # one fold since its download: weight 0.6 / sqrt(2)
+    w = 0.6 * 2 ** -0.5
+    assert server.version == 2 and server.global_state["w"].item() == 0.6 * (1 - w) + 2.0 * w
+
+
+def test_a_buffer_of_b_folds_every_b_arrivals(default_params_raw, tmp_path):
+    server = _server(default_params_raw, tmp_path, buffer=2)
+    server.configure(1, [0, 1, 2])
+    _arrive(server, 0, 1.0)
+    assert server.version == 0 and server.global_state["w"].item() == 0.0  # held: 1 of 2
+    _arrive(server, 1, 2.0)  # the second: both folded, each weighted 0.6 / 2
+    assert server.version == 1 and server.global_state["w"].item() == 0.0 * 0.4 + (1.0 * 0.3 + 2.0 * 0.3)
+    first = server.global_state["w"].item()
+    server.configure(1, [0])  # client 0 downloads version 1
+    _arrive(server, 2, 4.0)  # downloaded version 0: staleness 1
+    assert server.version == 1  # held
+    _arrive(server, 0, 8.0)  # staleness 0
+    w2, w0 = 0.6 * 2 ** -0.5 / 2, 0.6 / 2
+    assert server.version == 2
+    assert server.global_state["w"].item() == first * (1 - (w2 + w0)) + (4.0 * w2 + 8.0 * w0)
+    state = server.state_dict()  # the buffer, versions and downloads travel in the checkpoint
+    assert state["async"]["version"] == 2 and state["async"]["buffer"] == [] and state["async"]["sent_version"] == {}
+
+
+# ------------------------------------------------------------------------------------------ refusals
+
+
+@pytest.mark.parametrize("sections, fragments", [
+    ({"train": {"schedule": "async"}}, ["train.schedule = 'async'", "devices.enabled: true"]),
+    ({"train": {"schedule": "async", "participation": 0.5}, "devices": {"enabled": True}},
+     ["train.participation = 0.5", "train.schedule = 'async'", "train.participation: 1.0"]),
+    ({"train": {"async_eval_s": 10.0}}, ["train.async_eval_s = 10.0", "only when train.schedule is async"]),
+    ({"train": {"schedule": "async", "async_eval_s": 0}, "devices": {"enabled": True}},
+     ["train.async_eval_s = 0", "greater than 0"]),
+    ({"train": {"schedule": "async", "async_alpha": 1.5}, "devices": {"enabled": True}}, ["train.async_alpha = 1.5"]),
+    ({"train": {"schedule": "async", "async_buffer": 0}, "devices": {"enabled": True}}, ["train.async_buffer = 0"]),
+    ({"train": {"schedule": "async"}, "devices": {"enabled": True}, "fedcache": {"consistency": "live"}},
+     ["train.schedule = 'async'", "fedcache.consistency = 'live'", "fedcache.consistency: round"]),
+])
+def test_bad_async_params_are_refused_naming_the_key(default_params_raw, sections, fragments):
+    for name, values in sections.items():
+        default_params_raw[name].update(values)
+    with pytest.raises(ConfigError) as err:
+        parse_params(default_params_raw, "my-params.yaml")
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+def _async(params, **train):
+    params = with_section(params, "devices", enabled=True)
+    return with_section(params, "train", schedule="async", **train)
+
+
+@pytest.mark.parametrize("method", ["pfedme", "fedalt", "pdfl"])
+def test_a_method_without_an_async_form_is_refused_before_any_work(tiny_workspace, mnist, method):
+    _, params, part = tiny_workspace
+    with pytest.raises(ConfigError, match=rf"train.schedule = 'async' cannot run {method}: .*train.schedule: sync"):
+        _trainer(_async(params), part, mnist, "refused", method)
+    assert not (paths.RUNS / "refused").exists()
+
+
+# ------------------------------------------------------------------------------------------ tiny real runs
+
+
+def _events(run: str) -> list[dict]:
+    return [json.loads(line) for line in (paths.RUNS / run / EVENTS_FILE).read_text().splitlines()]
+
+
+def _starts(events: list[dict], k: int) -> list[float]:
+    return [e["t"] for e in events if e["client"] == k and e["event"] == "start"]
+
+
+def _on_trace(params, tmp_path, part, slow=None, name="even.csv", **train):
+    """Async on a trace of equal devices (client `slow` at a tenth of the speed and bandwidth); FedCache's
+    cache read at each update's start."""
+    params = with_section(params, "devices", trace=_trace(tmp_path, part, slow, name))
+    return with_section(_async(params, **train), "fedcache", consistency="round")
+
+
+def test_a_client_ten_times_slower_leaves_the_others_cadence_unchanged(tiny_workspace, mnist, tmp_path):
+    _, params, part = tiny_workspace
+    slow = 0
+    _, even = _run(_on_trace(params, tmp_path, part, async_eval_s=2.0), part, mnist, "even")
+    trainer, one_slow = _run(_on_trace(params, tmp_path, part, slow, "slow.csv", async_eval_s=2.0), part, mnist,
+                             "slow")
+    a, b = _events("even"), _events("slow")
+    # span 1 starts when the set-up is done: FedCache's one barrier (the server's index needs every client's
+    # hash codes), which the slow client's upload makes later; from then on, nobody waits for it
+    ta, tb = even["rounds"][0][-1], one_slow["rounds"][0][-1]
+    assert tb > ta
+    for k in range(part.num_clients):
+        if k != slow:
+            assert len(_starts(a, k)) >= 3  # a few updates each within the 2 spans
+            assert [t - tb for t in _starts(b, k)] == pytest.approx([t - ta for t in _starts(a, k)], abs=1e-9)
+    # the slow client's own update takes 10x as long: its first download (a tenth of the bandwidth) ends 10x later
+    downloaded = lambda events: next(e["t"] for e in events if e["client"] == slow and e["event"] == "downloaded")  # noqa: E731
+    assert downloaded(b) - tb == pytest.approx(10 * (downloaded(a) - ta), rel=1e-9)
+    assert [r[-1] for r in one_slow["rounds"][1:]] == pytest.approx([tb + 2.0, tb + 4.0], rel=1e-12)  # fixed spans
+    assert trainer.summary()["async_eval_s"] == 2.0
+
+
+def test_every_download_and_upload_of_the_event_log_is_in_the_ledger(tiny_workspace, mnist, tmp_path):
+    _, params, part = tiny_workspace
+    _, rows = _run(_on_trace(params, tmp_path, part), part, mnist, "ledger")  # async_eval_s derived
+    events = _events("ledger")
+    C = 10
+    for (span, k, event), count in Counter((e["span"], e["client"], e["event"]) for e in events).items():
+        n = int(part.train_offsets[k + 1] - part.train_offsets[k])
+        if event == "downloaded":  # every sample's teacher, float32
+            [row] = [r for r in rows["comm"] if r[:4] == (span, k, "down", "knowledge")]
+            assert row[4] == count * n * 4 * C
+            assert row[6] == max(e["t"] for e in events if (e["span"], e["client"], e["event"]) == (span, k, event))
+        if event == "arrived":  # every sample's id (int64) and logits (float32)
+            [row] = [r for r in rows["comm"] if r[:4] == (span, k, "up", "logits")]
+            assert row[4] == count * n * (8 + 4 * C)
+    counted = Counter((r[0], r[1], r[2]) for r in rows["comm"] if r[0] > 0)
+    logged = Counter((e["span"], e["client"], {"downloaded": "down", "arrived": "up"}[e["event"]]) for e in events
+                     if e["event"] in ("downloaded", "arrived"))
+    assert set(counted) == set(logged)  # no row without its event, no event without its row
+    assert len(rows["rounds"]) == 3 and all(r[1] is not None for r in rows["rounds"])
+
+
+# a span of about 1.5 updates of the median client (FedAvg's ResNet-8 weighs 0.3 MB: 2.4 s each way at 1 Mbit/s)
+@pytest.mark.parametrize("method, span_s", [("fedcache", 1.5), ("fedavg", 8.0), ("fd", 1.5)])
+def test_the_same_seeds_give_the_same_event_log_and_rows(tiny_workspace, mnist, tmp_path, method, span_s):
+    _, params, part = tiny_workspace
+    params = _on_trace(params, tmp_path, part, slow=1, async_eval_s=span_s)
+    _, first = _run(params, part, mnist, "first", method)
+    _, second = _run(params, part, mnist, "second", method)
+    assert _events("first") == _events("second") and len(_events("first")) > 10
+    assert first == second
+
+
+def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, tmp_path):
+    _, params, part = tiny_workspace
+    # FedAsync with a buffer of 2 and spans that end mid-update: the checkpoint holds the buffer, downloads and
+    # uploads in flight, and the queue
+    params = with_section(_on_trace(params, tmp_path, part, slow=2, async_eval_s=4.0, async_buffer=2), "train",
+                          rounds=3, checkpoint_every=1)
+    straight = _trainer(params, part, mnist, "straight", "fedavg")
+    straight.start()
+    straight.run_round(1)
+    assert any(u.download or u.upload for u in straight.async_loop.updates)  # something in flight
+    shutil.copytree(paths.RUNS / "straight", paths.RUNS / "resumed")  # what a process killed now leaves
+    shutil.copy(paths.CHECKPOINTS / "straight.pt", paths.CHECKPOINTS / "resumed.pt")
+    with open(paths.RUNS / "resumed" / EVENTS_FILE, "a") as f:  # and a line of span 2 it was writing
+        f.write('{"span": 2, "t": 9.0, "cli')
+    for r in (2, 3):
+        straight.run_round(r)
+    straight.finish()
+    resumed = _trainer(params, part, mnist, "resumed", "fedavg")
+    assert resumed.start() == 2
+    for r in (2, 3):
+        resumed.run_round(r)
+    resumed.finish()
+    assert _events("resumed") == _events("straight")
+    assert _rows("resumed") == _rows("straight")
+    for n, t in straight.algorithm.global_state.items():
+        assert torch.equal(resumed.algorithm.global_state[n], t), n
+    assert resumed.algorithm.version == straight.algorithm.version > 0
