@@ -129,6 +129,21 @@ def test_a_training_stage_reads_only_its_params(workspace, monkeypatch, mnist, m
     assert not missing, f"train@{method} reads params dvc.yaml does not list in its params: {missing}"
 
 
+@pytest.mark.parametrize("method", ["fedavg", "fedcache"])
+def test_an_async_training_stage_reads_only_its_params(workspace, monkeypatch, mnist, method):
+    """Under train.schedule async (pipeline/train/async_loop.py), which reads the async_* keys and FedAsync's."""
+    _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": [method], "threads": 1, "schedule": "async"},
+                                 "devices": {"enabled": True}, method: registry.params_class(method).tiny_setting})
+    for stage in ("partition", "encode", "index"):
+        if not (workspace / "data/cache").exists():
+            _run_stage(monkeypatch, f"flows.{stage}")
+    reads = _run_stage(monkeypatch, "flows.train", method, methods=(method,))
+    assert "train.async_eval_s" in reads and "devices.samples_per_s" in reads
+    assert method != "fedavg" or "train.async_alpha" in reads
+    missing = _missing(reads, "train", method, exempt=NOT_RESULTS)
+    assert not missing, f"async train@{method} reads params dvc.yaml does not list in its params: {missing}"
+
+
 def test_the_report_reads_only_its_params(workspace, monkeypatch, mnist):
     _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": ["local"], "threads": 1}})
     for stage in ("partition", "encode", "index"):

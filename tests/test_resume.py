@@ -1,6 +1,7 @@
 """Resume after a crash: a training stage killed mid-run and started again continues from its
 last checkpointed round and ends with the same metrics as an uninterrupted run (CPU, same seed).
-The rows live in the stage's own results file, which holds its current run only."""
+The rows live in the stage's own results file, which holds its current run only. The same under
+the async schedule (pipeline/train/async_loop.py), whose event log must come out the same too."""
 
 import os
 import signal
@@ -37,12 +38,12 @@ RESULTS = paths.run_results("fedcache")
 def _metrics(run_id):
     con = duckdb.connect(str(RESULTS), read_only=True)
     try:
-        rounds = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? ORDER BY round",
-                             [run_id]).fetchall()
+        rounds = con.execute("SELECT round, mean_acc, bytes_up, bytes_down, sim_time_s FROM rounds WHERE run_id = ? "
+                             "ORDER BY round", [run_id]).fetchall()
         clients = con.execute("SELECT round, client_id, acc FROM client_rounds WHERE run_id = ? ORDER BY round, client_id",
                               [run_id]).fetchall()
-        comm = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ? ORDER BY ALL",
-                           [run_id]).fetchall()
+        comm = con.execute("SELECT round, client_id, direction, kind, bytes, sim_time_s FROM comm WHERE run_id = ? "
+                           "ORDER BY ALL", [run_id]).fetchall()
     finally:
         con.close()
     return rounds, clients, comm
@@ -56,10 +57,19 @@ def _run_ids():
         con.close()
 
 
-def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api):
+# async: every client trains at its own device's pace, the checkpoint holds the event queue and the updates in
+# flight (FedCache reads the cache when an update starts: consistency round)
+ASYNC = {"train": {"schedule": "async"}, "devices": {"enabled": True}, "fedcache": {"consistency": "round"}}
+EVENTS = paths.run_dir("fedcache") / "events.jsonl"
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api, schedule):
     cwd, _, _ = tiny_workspace
     raw = yaml.safe_load((cwd / "params.yaml").read_text())
     raw["train"]["rounds"] = ROUNDS
+    for section, values in (ASYNC if schedule == "async" else {}).items():
+        raw[section].update(values)
     (cwd / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
     # 1. the uninterrupted reference run
@@ -68,6 +78,7 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api):
     [(ref_id, ref_status)] = _run_ids()
     assert ref_status == "finished"
     ref_rounds, ref_clients, ref_comm = _metrics(ref_id)
+    ref_events = EVENTS.read_text() if schedule == "async" else None
 
     # 2. the same run, killed (SIGKILL, no clean-up) once round 3 is checkpointed
     ckpt = paths.checkpoint_path("fedcache")
@@ -97,3 +108,6 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api):
     assert rounds == ref_rounds  # identical accuracies and bytes, round by round
     assert clients == ref_clients
     assert comm == ref_comm
+    if schedule == "async":
+        assert all(r[-1] is not None for r in rounds)
+        assert len(ref_events.splitlines()) > ROUNDS and EVENTS.read_text() == ref_events  # the same event log
