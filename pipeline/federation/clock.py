@@ -28,6 +28,9 @@ Availability: a round starts at the clock's current time, or when the first sele
 online if none is online then; the selected clients offline at that instant sit the round out (no
 download, no upload), and one that goes offline before its upload completes is dropped like a
 straggler; the server sees its connection drop at that instant (which ends a sync round no later).
+
+The async schedule has no rounds to close: pipeline/train/async_loop.py times each client's updates one by one
+with the same parts (`client_time`) and moves the clock itself.
 """
 
 from __future__ import annotations
