@@ -982,8 +982,16 @@ RUN_META = ("algorithm", "setting", "dataset", "git_rev")  # run columns compare
 
 def run_params(runs: pd.DataFrame, run_id: str) -> dict[str, object]:
     """A run's params flattened to dotted keys, with its run columns as `run.<column>`."""
-    row = runs.loc[runs["run_id"] == run_id].iloc[0]
+    return _row_params(runs.loc[runs["run_id"] == run_id].iloc[0])
+
+
+def _row_params(row) -> dict[str, object]:
     return {**{f"run.{k}": row[k] for k in RUN_META if k in row}, **flatten(row["params"] or {})}
+
+
+def _every_run_params(runs: pd.DataFrame) -> list[dict[str, object]]:
+    """run_params of every run, in order (one pass over the rows, not a lookup per run)."""
+    return [_row_params(row) for _, row in runs.iterrows()]
 
 
 def _as_text(value) -> str:
@@ -1006,7 +1014,7 @@ def params_diff(named: dict[str, dict[str, object]]) -> pd.DataFrame:
 def varying_params(runs: pd.DataFrame) -> dict[str, list[str]]:
     """Every key (run columns and params, dotted) on which the runs do not all agree -> its values as text,
     sorted: what the sidebar can filter on."""
-    flats = [run_params(runs, r) for r in runs["run_id"]]
+    flats = _every_run_params(runs)
     keys = sorted(set().union(*flats)) if flats else []
     out = {}
     for key in keys:
@@ -1018,7 +1026,7 @@ def varying_params(runs: pd.DataFrame) -> dict[str, list[str]]:
 
 def with_param(runs: pd.DataFrame, key: str, values: list[str]) -> pd.DataFrame:
     """The runs whose value of `key` (as varying_params writes it) is one of `values`."""
-    keep = [_as_text(run_params(runs, r).get(key, MISSING)) in values for r in runs["run_id"]]
+    keep = [_as_text(flat.get(key, MISSING)) in values for flat in _every_run_params(runs)]
     return runs[keep]
 
 
