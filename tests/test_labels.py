@@ -113,3 +113,19 @@ def test_only_the_methods_own_section_counts():
     params = parse_params({"train": {"rounds": 3, "lr": 0.1}, "partition": {"num_clients": 5}, "fedcache": {"T": 1.0}})
     assert run_label(params, "local") == "local"
     assert run_label(params, "fedcache") == "fedcache (T=1.0)"
+
+
+def test_the_schedule_is_in_the_label_when_not_a_plain_sync_run():
+    """Issue 24: two runs of one method under different schedules must not share a name."""
+    on = {"enabled": True}
+    assert run_label(parse_params({"devices": on, "train": {"schedule": "deadline", "deadline_quantile": 0.8}}),
+                     "fedavg") == "fedavg (schedule=deadline)"
+    assert run_label(parse_params({"devices": on, "train": {"schedule": "async"}, "fedcache": {"consistency": "round"}}),
+                     "fedcache") == "fedcache (consistency=round, schedule=async)"
+    # devices on, sync: its simulated times set it apart from a plain run
+    assert run_label(parse_params({"devices": on}), "fd") == "fd (schedule=sync)"
+    assert run_label(parse_params({"devices": {"enabled": False}}), "fd") == "fd"  # devices off, sync: as before
+    # the report and metrics.json: the label shown, the bare name kept as the key
+    rows = comparison([RunSeries("a-1", "fedavg", "homo", [(0, 0.1, 10, 0), (1, 0.8, 10, 0)],
+                                 "fedavg (schedule=deadline)")], target=0.75)
+    assert [(r["algorithm"], r["label"]) for r in rows] == [("fedavg", "fedavg (schedule=deadline)")]

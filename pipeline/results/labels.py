@@ -1,6 +1,8 @@
 """A run's label: its method's name plus the knobs of that method's own params section that differ
-from their defaults, e.g. "pdfl (order=body_then_head)" or "fedcache (T=1.0, consistency=step)";
-the bare name when the section is all defaults (and for methods without knobs, like local).
+from their defaults, e.g. "pdfl (order=body_then_head)" or "fedcache (T=1.0, consistency=step)", and the schedule
+when it is not the default's (issue 24): "fedavg (schedule=deadline)", "fedcache (schedule=async)"; the
+bare name when the section is all defaults and the run is a plain sync run without simulated devices
+(and for methods without knobs, like local).
 
 Why (issue 22): two runs of one method with different knobs were both called "fedcache" in the
 report and the dashboard, so a reader could not tell what ran. The label is written into the runs
@@ -27,13 +29,23 @@ def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def _schedule(params: Any) -> list[str]:
+    """The schedule's knob: `schedule=<name>` when train.schedule is not sync, or when the devices are on
+    (a sync run on simulated devices has simulated times a plain one lacks, so it is named too)."""
+    train, devices = getattr(params, "train", None), getattr(params, "devices", None)
+    schedule = getattr(train, "schedule", "sync")
+    enabled = bool(getattr(devices, "enabled", False))
+    return [f"schedule={schedule}"] if schedule != "sync" or enabled else []
+
+
 def run_label(params: Any, algorithm: str) -> str:
     """`algorithm` plus the non-default knobs of its section `params.<algorithm>`, in the order the
-    section's model declares them, each under its params.yaml name (the alias: `lambda`, not `lambda_`)."""
+    section's model declares them, each under its params.yaml name (the alias: `lambda`, not `lambda_`),
+    then the schedule (`_schedule`)."""
     section = getattr(params, algorithm)
     # both dumps list the fields in declaration order; model_construct() is the section with its defaults
     # (no type(section) here: tests/test_dvc_params.py hands the code a recording proxy of the params)
     dumped = section.model_dump(mode="json", by_alias=True)
     defaults = section.model_construct().model_dump(mode="json", by_alias=True)
-    knobs = [f"{key}={_text(value)}" for key, value in dumped.items() if value != defaults[key]]
+    knobs = [f"{key}={_text(value)}" for key, value in dumped.items() if value != defaults[key]] + _schedule(params)
     return f"{algorithm} ({', '.join(knobs)})" if knobs else algorithm
