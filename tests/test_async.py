@@ -25,7 +25,7 @@ from pipeline.federation.averaging import ParameterAveraging, mix, staleness_wei
 from pipeline.federation.contract import ServerContext, Upload
 from pipeline.federation.ledger import Payload
 from pipeline.train.async_loop import EVENTS_FILE, RANK
-from test_clock import _rows, _run, _trace, _trainer
+from test_clock import _rows, _run, _trace, _trainer, metrics
 
 # ------------------------------------------------------------------------------------------ FedAsync, pure
 
@@ -200,6 +200,31 @@ def test_the_same_seeds_give_the_same_event_log_and_rows(tiny_workspace, mnist, 
     assert events == _events("second") and len(events) > 10
     assert first == second
     assert flaky == any(e["event"] == "dropped" for e in events)  # dropped only when devices go offline
+
+
+def test_the_busy_seconds_are_the_updates_that_arrived_or_are_under_way(tiny_workspace, mnist, tmp_path):
+    """The waiting share under async (docs/devices.md), checked against the event log: a client is busy from an
+    update's start to its arrival (or to the last span's end while under way); a dropped update is waiting."""
+    _, params, part = tiny_workspace
+    params = with_section(_on_trace(params, tmp_path, part, slow=1, async_eval_s=1.5), "devices",
+                          online_mean_s=1.0, offline_mean_s=1.0)
+    _, rows = _run(params, part, mnist, "busy")
+    events = _events("busy")
+    end = rows["rounds"][-1][-1]
+    busy, since = 0.0, {}
+    for e in events:
+        if e["event"] == "start":
+            since[e["client"]] = e["t"]
+        elif e["event"] == "arrived":
+            busy += e["t"] - since.pop(e["client"])
+        elif e["event"] == "dropped":
+            since.pop(e["client"])
+    busy += sum(end - t for t in since.values())
+    waiting = metrics("busy")
+    assert any(e["event"] == "dropped" for e in events)
+    assert sum(waiting["sim_busy_s"]) == pytest.approx(busy, rel=1e-9)
+    assert waiting["sim_client_s"] == pytest.approx([part.num_clients * 1.5] * 2)
+    assert 0 < busy < sum(waiting["sim_client_s"])
 
 
 def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, tmp_path):

@@ -134,6 +134,28 @@ def test_a_round_waits_for_the_first_selected_client_to_come_online():
 
 # ------------------------------------------------------------------------------------------ tiny real runs
 
+def test_a_rounds_waiting_is_what_its_participants_did_not_spend_on_used_work():
+    """The waiting share's figures (docs/devices.md): busy = the kept participants' times to their upload,
+    the round's client-seconds = participants x its length."""
+    sync = close_round(10.0, DURATIONS, {}, "sync")  # 1, 2 and 4 s: the first two idle 3 and 2 s of the 4
+    assert (sync.busy_s(), sync.client_s()) == pytest.approx((7.0, 12.0))
+    cut = close_round(10.0, DURATIONS, {}, "deadline", 2.5)  # client 2 dropped: its 2.5 s are waiting too
+    assert (cut.busy_s(), cut.client_s()) == pytest.approx((3.0, 7.5))
+
+
+def metrics(run: str) -> dict[str, list[float]]:
+    """The waiting share's round metrics of a run, round by round."""
+    con = duckdb.connect(str(paths.RUNS / run / "run.duckdb"), read_only=True)
+    try:
+        rows = con.execute("SELECT name, value FROM round_metrics WHERE name LIKE 'sim_%' ORDER BY round").fetchall()
+    finally:
+        con.close()
+    out: dict[str, list[float]] = {}
+    for name, value in rows:
+        out.setdefault(name, []).append(value)
+    return out
+
+
 def _trainer(params, part, mnist, run: str, method: str = "fedcache") -> Trainer:
     return Trainer(params, REGISTRY[method], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
                    RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
@@ -222,6 +244,11 @@ def test_a_deadline_drops_the_clients_that_miss_it_from_the_round(tiny_workspace
     assert plan.dropped == {slow: "deadline"}
     middle = sorted(t.duration for t in plan.times.values())[1]
     assert _lengths(rows["rounds"])[2] == pytest.approx(middle) == pytest.approx(plan.deadline - plan.start)
+    # the waiting share's figures of round 2: the two kept clients' times, of 3 participants x the round
+    waiting = metrics("deadline")
+    assert waiting["sim_busy_s"][1] == pytest.approx(sum(plan.times[k].duration for k in plan.kept))
+    assert waiting["sim_client_s"][1] == pytest.approx(3 * middle)
+    assert len(waiting["sim_busy_s"]) == 2  # rounds 1 and 2, not the set-up
     uploads = {k: b for r, k, d, _, b, *_ in rows["comm"] if r == 2 and d == "up"}
     assert rows["rounds"][2][2] == sum(uploads.values())  # the round's bytes up: the kept uploads only
     # the same seeds: the same rows, simulated times included

@@ -131,6 +131,15 @@ class RoundPlan:
         """When participant k's upload completes (or would have)."""
         return self.start + self.times[k].duration
 
+    def busy_s(self) -> float:
+        """Client-seconds spent on work the server used: each kept participant's time to its upload."""
+        return sum(self.times[k].duration for k in self.kept)
+
+    def client_s(self) -> float:
+        """Client-seconds of the round: every participant, from its start to its end. What is not busy_s is
+        waiting: idle after its upload while a sync round waits for the slowest, or dropped (docs/devices.md)."""
+        return len(self.times) * (self.end - self.start)
+
 
 def deadline_length(durations: list[float], deadline_s: float | None, quantile: float | None) -> float:
     """The deadline in seconds after the round's start: deadline_s, or that quantile of the durations."""

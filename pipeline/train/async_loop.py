@@ -96,6 +96,9 @@ class AsyncLoop:
         self.t0 = 0.0  # when span 1 starts: the end of the set-up uploads
         self.span_s = 0.0
         self.log: list[dict] = []  # the current span's events, written at its end
+        # the waiting share's figures of the current span (docs/devices.md): client-seconds spent on updates that
+        # arrived, or are still under way at the span's end; an update dropped later takes back what it was credited
+        self.busy_s = 0.0
 
     # -- set-up and spans ------------------------------------------------------------------------------
 
@@ -123,13 +126,21 @@ class AsyncLoop:
     def span_end(self, r: int) -> float:
         return self.t0 + r * self.span_s
 
+    def client_s(self) -> float:
+        """Client-seconds of a span: every client, the whole span (async has no participation to sample)."""
+        return len(self.updates) * self.span_s
+
     def run_span(self, r: int, timer: Timer) -> None:
         """Every event at or before the end of span r, in the queue's order; the clock moves to the span's end."""
         end = self.span_end(r)
+        self.busy_s = 0.0
         handlers = {START: self._start, DOWNLOADED: self._downloaded, TRAINED: self._trained, ARRIVED: self._arrived}
         while self.queue and self.queue[0][0] <= end:
             t, rank, k = heapq.heappop(self.queue)
             handlers[ORDER[rank]](r, t, k, timer)
+        # updates still under way (a queued event other than a start): busy up to the span's end
+        self.busy_s += sum(end - max(self.updates[k].start, end - self.span_s)
+                           for _, rank, k in self.queue if ORDER[rank] != START)
         self.clock.now = end
         self._write_log()
 
@@ -172,6 +183,8 @@ class AsyncLoop:
         offline = device.online_until(u.start)
         if offline < arrival:  # the connection drops first: the upload never arrives
             at = max(offline, t)
+            # its work was wasted: take back what earlier spans counted as busy (this span counts none of it)
+            self.busy_s -= max(0.0, self.span_end(r - 1) - u.start)
             self._log(r, at, k, DROPPED)
             self._push(at, START, k)  # offline then: it starts again when it is next online
             return
@@ -186,6 +199,7 @@ class AsyncLoop:
         with timer("exchange"):
             self.sim.server.arrive(r, k, u.upload)
         u.upload = None
+        self.busy_s += t - max(u.start, self.span_end(r - 1))  # this span's part of the update (earlier spans counted theirs)
         self._log(r, t, k, ARRIVED)
         self._push(t, START, k)  # the next update starts at once (when online)
 

@@ -401,6 +401,7 @@ class Trainer:
             with timer("eval"):
                 rows, extras = self.sim.evaluate(round_)
         # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
+        extras.update(self._waiting(round_))
         tested = [a for _, a, n in rows if n > 0]
         mean_acc = float(np.mean(tested)) if tested else None
         with timer("db"):
@@ -417,6 +418,17 @@ class Trainer:
         for name, seconds in timer.seconds.items():
             self.seconds[name] += seconds
         self.seconds["rounds"] += time.perf_counter() - start
+
+    def _waiting(self, round_: int) -> dict[str, float]:
+        """The round's figures for the waiting share (docs/devices.md), as round metrics: sim_busy_s, the
+        client-seconds spent on work the server used, and sim_client_s, the client-seconds of the round (its
+        participants x its length; async: every client x the span). None without the clock, or for the set-up."""
+        if self.sim.clock is None or round_ == SETUP_ROUND:
+            return {}
+        if self.async_loop is not None:
+            return {"sim_busy_s": self.async_loop.busy_s, "sim_client_s": self.async_loop.client_s()}
+        plan = self.sim.last_plan
+        return {} if plan is None else {"sim_busy_s": plan.busy_s(), "sim_client_s": plan.client_s()}
 
     def _state(self, round_: int) -> dict:
         return {
