@@ -68,3 +68,38 @@ def test_the_cli_refuses_an_unknown_preset_with_the_list():
     out = subprocess.run([sys.executable, "-m", "pipeline.experiments.presets", "run", "nope"], cwd=REPO_ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "no preset 'nope'" in out.stderr and "fedcache_paper" in out.stderr
+
+
+def test_the_stragglers_preset_is_three_experiments_on_one_population_ten_times_apart():
+    from pipeline.federation.devices import population
+
+    planned = presets.plan("stragglers", [], REPO_ROOT / "params.yaml", PRESETS)
+    assert [p.name for p in planned] == ["stragglers-sync", "stragglers-deadline", "stragglers-async"]
+    schedules = {p.name: (p.settings["train.schedule"], p.settings["train.algorithms"]) for p in planned}
+    assert schedules["stragglers-sync"] == ("sync", ["fedcache", "fedavg", "fedproto", "fd"])
+    assert schedules["stragglers-deadline"] == ("deadline", ["fedcache", "fedavg", "fedproto", "fd"])
+    assert schedules["stragglers-async"] == ("async", ["fedcache"])
+    base = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    speeds = set()
+    for p in planned:
+        params = parse_params(presets.apply(base, p.settings, p.name))
+        devices = population(params.devices, params.partition.num_clients, params.seed)
+        speeds.add(tuple(d.samples_per_s for d in devices))
+    [speed] = speeds  # one population for all three
+    assert max(speed) / min(speed) == pytest.approx(10, rel=0.02)
+    # later -S flags win over the preset's, in every experiment
+    again = presets.plan("stragglers", ["train.threads=1"], REPO_ROOT / "params.yaml", PRESETS)
+    assert all(p.settings["train.threads"] == 1 for p in again)
+
+
+def test_a_bad_experiment_in_a_preset_names_the_file_and_the_entry(tmp_path):
+    params = REPO_ROOT / "params.yaml"
+    (tmp_path / "two.yaml").write_text("experiments:\n  a:\n    train: {rounds: 2}\n  b:\n    train: {schedule: nope}\n")
+    with pytest.raises(ConfigError, match=r"two\.yaml.*experiment b.*\n.*train\.schedule"):
+        presets.check("two", params, tmp_path)
+    (tmp_path / "badname.yaml").write_text("experiments:\n  'a b':\n    train: {rounds: 2}\n")
+    with pytest.raises(ConfigError, match=r"badname\.yaml: experiments\.a b: a name of letters"):
+        presets.plan("badname", [], params, tmp_path)
+    (tmp_path / "empty.yaml").write_text("experiments:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=r"empty\.yaml: experiments\.a: expected a mapping"):
+        presets.plan("empty", [], params, tmp_path)

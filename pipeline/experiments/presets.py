@@ -11,6 +11,14 @@ comments and the default run stay as they are, and DVC records the experiment wi
     python -m pipeline.experiments.presets run fedcache_paper -S train.rounds=100   # later -S flags win
 
 Extra `-S` flags and `--queue` (queue instead of running now) pass through to `dvc exp run`.
+
+A preset that compares settings one pipeline cannot hold at once (one method under two schedules: each
+training stage has one output, results/runs/<method>) lists them under `experiments:`, each a partial
+params.yaml applied after the preset's other keys (presets/stragglers.yaml). `run` then queues one DVC
+experiment per entry, named <preset>-<entry>, and runs the queue (`--jobs` at a time) as a sweep does
+(pipeline/experiments/sweeps.py: each experiment's runs are published to results/experiments/<name>/ and
+the results index); it ends by printing one comparison table over every experiment's runs, which a
+run's label (its schedule, its knobs) tells apart.
 """
 
 from __future__ import annotations
@@ -44,14 +52,49 @@ def available(presets_dir: Path = PRESETS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(presets_dir).glob("*.yaml"))
 
 
-def overrides(path: Path) -> dict[str, object]:
-    """The preset's keys as {"section.key": value}, in file order."""
+EXPERIMENTS = "experiments"  # a preset's key for several experiments (module doc); not a params.yaml section
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a part of a DVC experiment's name (a git ref)
+
+
+def _read(path: Path) -> dict:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{path}: expected a mapping of params.yaml keys to change")
+    return raw
+
+
+def experiments(path: Path) -> dict[str, dict[str, object]]:
+    """The preset's `experiments:` as {entry: {"section.key": value}}; {} for a preset without it."""
+    section = _read(path).get(EXPERIMENTS)
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or not section:
+        raise ConfigError(f"{path}: {EXPERIMENTS}: expected a mapping of names to partial params.yaml, e.g. "
+                          f"{EXPERIMENTS}: {{sync: {{train: {{schedule: sync}}}}}}")
+    out = {}
+    for entry, body in section.items():
+        if not isinstance(entry, str) or not EXPERIMENT_NAME.fullmatch(entry):
+            raise ConfigError(f"{path}: {EXPERIMENTS}.{entry}: a name of letters, digits, _ and - (it names a DVC "
+                              f"experiment)")
+        if not isinstance(body, dict) or not body:
+            raise ConfigError(f"{path}: {EXPERIMENTS}.{entry}: expected a mapping of params.yaml keys to change")
+        out[entry] = _flat(body)
+    return out
+
+
+def overrides(path: Path) -> dict[str, object]:
+    """The preset's keys as {"section.key": value}, in file order (`experiments:` left out: see experiments)."""
+    raw = _read(path)
+    common = {k: v for k, v in raw.items() if k != EXPERIMENTS}
+    if not common and EXPERIMENTS not in raw:
+        raise ConfigError(f"{path}: expected a mapping of params.yaml keys to change")
+    return _flat(common)
+
+
+def _flat(raw: dict) -> dict[str, object]:
     flat: dict[str, object] = {}
 
     def walk(node: dict, prefix: str) -> None:
@@ -81,13 +124,58 @@ def apply(base: dict, flat: dict[str, object], source: str) -> dict:
 
 
 def check(name: str, params_file: Path = Path("params.yaml"), presets_dir: Path = PRESETS_DIR) -> dict[str, object]:
-    """The preset's overrides, after checking that params.yaml with them applied is valid."""
+    """The preset's overrides, after checking that params.yaml with them applied is valid (and, for a preset
+    with `experiments:`, with each experiment's applied too: plan)."""
     path = preset_path(name, presets_dir)
     flat = overrides(path)
     load_params(params_file)  # params.yaml itself first: its own errors name it
     base = yaml.safe_load(Path(params_file).read_text())
     parse_params(apply(base, flat, str(path)), f"{params_file} with preset {path}")
+    if experiments(path):
+        plan(name, [], params_file, presets_dir)
     return flat
+
+
+def plan(name: str, extra: list[str] = (), params_file: Path = Path("params.yaml"),
+         presets_dir: Path = PRESETS_DIR) -> list:
+    """A preset with `experiments:`: one sweeps.Planned per entry, named <preset>-<entry>, its settings the
+    preset's keys, then the entry's, then `extra` (-S key=value), each checked against params.yaml."""
+    from pipeline.experiments.sweeps import Planned, parse_extra
+
+    path = preset_path(name, presets_dir)
+    common, entries = overrides(path), experiments(path)
+    if not entries:
+        raise ConfigError(f"{path}: no `{EXPERIMENTS}:` section (a preset without one runs as one experiment)")
+    load_params(params_file)
+    base = yaml.safe_load(Path(params_file).read_text())
+    out = []
+    for entry, own in entries.items():
+        settings = {**common, **own, **parse_extra(list(extra))}
+        parse_params(apply(base, settings, f"{path} ({EXPERIMENTS}.{entry})"),
+                     f"{params_file} with preset {path}, experiment {entry}")
+        out.append(Planned(f"{name}-{entry}", "experiment", entry, settings))
+    return out
+
+
+def published_table(planned: list, params_file: Path = Path("params.yaml")) -> str:
+    """One comparison table (pipeline.results.report.format_table) over the runs every planned experiment
+    published to results/experiments/<name>/; each run is named by its label (its schedule included)."""
+    from pipeline.experiments.dvc import EXPERIMENTS as PUBLISHED
+    from pipeline.results.compare import comparison
+    from pipeline.results.report import format_table
+    from pipeline.results.store import ResultsDB
+
+    base = yaml.safe_load(Path(params_file).read_text())
+    series = []
+    for exp in planned:
+        for summary in sorted((PUBLISHED / exp.name).glob("*/summary.json")):
+            run_id = json.loads(summary.read_text())["run_id"]
+            series += ResultsDB(summary.parent / "run.duckdb").series([run_id])
+    if not series:
+        return "no published runs"
+    params = parse_params(apply(base, planned[0].settings, "preset"))
+    rows = comparison(series, params.report.target_acc.get(params.data.dataset), baseline=params.report.baseline)
+    return format_table(rows)
 
 
 def flag_value(value: object) -> str:
@@ -145,12 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-S", "--set-param", dest="extra", action="append", default=[],
                      help="one more key=value after the preset's (wins over it)")
     run.add_argument("--queue", action="store_true", help="queue the experiment (dvc exp run --queue)")
+    run.add_argument("--jobs", type=int, default=1,
+                     help=f"a preset with `{EXPERIMENTS}:`: experiments at once (default: 1)")
     args = ap.parse_args(argv)
     try:
         if args.command == "list":
             for name in available():
                 print(f"{name:28s} {first_comment(preset_path(name))}")
             return 0
+        if args.command in ("show", "run") and experiments(preset_path(args.name)):
+            return _several(args)
         if args.command == "show":
             print("\n".join(flags(check(args.name))))
             print("\n" + shlex.join(dvc_command(args.name, [])))
@@ -161,6 +253,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(shlex.join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+def _several(args: argparse.Namespace) -> int:
+    """show / run of a preset with `experiments:` (queued DVC experiments, as a sweep)."""
+    from pipeline.experiments.sweeps import queue_command, run_planned
+
+    if args.command == "show":
+        for exp in plan(args.name):
+            print(shlex.join(queue_command(exp)))
+        return 0
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs}: expected at least 1")
+    planned = plan(args.name, args.extra)
+    code = run_planned(planned, args.jobs)
+    print(f"\nEvery experiment of preset {args.name}:\n{published_table(planned)}")
+    return code
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ class Planned:
     value: object
     settings: dict[str, object]  # every -S of the experiment, as {dotted key: value}
 
+    @property
+    def changed(self) -> str:
+        return f"{self.key}={flag_value(self.value)}"
+
 
 def sweep_path(name: str, sweeps_dir: Path = SWEEPS_DIR) -> Path:
     path = Path(sweeps_dir) / f"{name}.yaml"
@@ -124,10 +128,10 @@ def collect(planned: list[Planned]) -> list[dict]:
         folder = EXPERIMENTS / exp.name
         summaries = sorted(folder.glob("*/summary.json"))
         if not summaries:
-            rows.append({"experiment": exp.name, "changed": f"{exp.key}={flag_value(exp.value)}", "run": None})
+            rows.append({"experiment": exp.name, "changed": exp.changed, "run": None})
         for path in summaries:
             s = json.loads(path.read_text())
-            rows.append({"experiment": exp.name, "changed": f"{exp.key}={flag_value(exp.value)}",
+            rows.append({"experiment": exp.name, "changed": exp.changed,
                          "run": path.parent.name, "maua": s.get("maua"), "bytes_total": s.get("bytes_total")})
     return rows
 
@@ -145,9 +149,14 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def run(name: str, extra: list[str], jobs: int) -> int:
+    return run_planned(plan(name, extra), jobs)
+
+
+def run_planned(planned: list[Planned], jobs: int) -> int:
+    """Queue the planned experiments (an earlier one of the same name removed first), run the queue `jobs` at a
+    time, rebuild the index and print what each published; also runs a preset's experiments (presets.py)."""
     from pipeline.results.store import rebuild_index
 
-    planned = plan(name, extra)
     listed = subprocess.run([dvc_program(), "exp", "list", "--name-only"], env=dvc_env(), capture_output=True,
                             text=True)
     if listed.returncode != 0:
