@@ -5,6 +5,11 @@ overview charts drawn), in headless Chromium, on the results at hand (default: t
     .venv/bin/python bench/dashboard_load.py            # starts `streamlit run` on 127.0.0.1
     .venv/bin/python bench/dashboard_load.py --loads 10 --url http://127.0.0.1:8501/   # a running app
     .venv/bin/python bench/dashboard_load.py --fake-runs 20 --loads 11   # a made-up file of 20 runs
+    .venv/bin/python bench/dashboard_load.py --floor --loads 11   # a bare page with the same kinds of elements
+
+--floor measures the same way a page that is nothing but the kinds of elements the overview draws (tabs,
+a multiselect, a radio, a slider, a number input, three small charts, one data grid; a handful of rows
+each): what Streamlit itself costs the browser, the least our page can take.
 
 --fake-runs N writes, in a temporary folder, a results file of N finished runs of 30 clients and 30
 rounds (dashboard.sample_data.write_bench_runs: params.yaml's seven methods in turn, the latest of
@@ -37,6 +42,22 @@ from tests.test_dashboard_browser import CHART, CHROMIUM_ARGS, PANEL, TABLE, fin
 
 
 OVERVIEW_CHARTS = 3  # accuracy vs round, accuracy vs bytes, the Pareto scatter
+
+FLOOR_APP = """
+import altair as alt, pandas as pd, streamlit as st
+st.set_page_config(layout="wide")
+st.title("floor")
+st.sidebar.multiselect("runs", [f"run {i}" for i in range(20)], default=[f"run {i}" for i in range(7)])
+tab = st.tabs(["one", "two"], key="tab")[0]
+with tab:
+    st.radio("x", ["round", "time"], horizontal=True)
+    st.slider("smoothing", 0.0, 0.95, 0.0, 0.05)
+    points = pd.DataFrame({"round": range(30), "acc": [i / 30 for i in range(30)]})
+    for column in st.columns(3):
+        column.altair_chart(alt.Chart(points).mark_line().encode(x="round", y="acc"), width="stretch")
+    st.number_input("target", 0.0, 1.0, 0.5)
+    st.dataframe(points.head(7), hide_index=True)
+"""
 
 # In the page, at every animation frame until both are seen: when the comparison table (a data grid with its
 # cells mirrored in an ARIA table) is visible with a cell, and when the open tab has its charts drawn.
@@ -72,11 +93,17 @@ def main() -> None:
                     help="make up a results file of N runs (30 clients, --fake-rounds rounds) in a temporary folder "
                          "and measure the app on it (with the partition and cache it needs)")
     ap.add_argument("--fake-rounds", type=int, default=30, help="rounds of each made-up run (default: 30)")
+    ap.add_argument("--floor", action="store_true",
+                    help="measure a bare page of the same kinds of elements instead of the dashboard (see above)")
     ap.add_argument("--screenshot", default=str(ROOT / "artifacts" / "dashboard_default.png"),
                     help="full-page screenshot of the last load ('' = none)")
     args = ap.parse_args()
     if args.fake_runs and (args.url or args.results_db):
         ap.error("--fake-runs makes its own results file: it goes without --url and --results-db")
+    if args.floor and (args.url or args.results_db or args.fake_runs):
+        ap.error("--floor measures its own bare page: it goes without --url, --results-db and --fake-runs")
+    if args.floor and args.screenshot == ap.get_default("screenshot"):
+        args.screenshot = ""  # the dashboard's screenshot is not the bare page's
 
     from playwright.sync_api import sync_playwright
 
@@ -85,9 +112,13 @@ def main() -> None:
         sys.exit("no Chromium found: install Debian's chromium (make browser)")
     proc = None
     url = args.url
-    fake = tempfile.TemporaryDirectory(prefix="dashboard_load_") if args.fake_runs else None
+    fake = tempfile.TemporaryDirectory(prefix="dashboard_load_") if args.fake_runs or args.floor else None
+    script = ROOT / "dashboard" / "app.py"
+    if args.floor:
+        script = Path(fake.name) / "floor.py"
+        script.write_text(FLOOR_APP)
     env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
-    if fake is not None:
+    if args.fake_runs:
         from dashboard import sample_data
         from pipeline.results.store import ResultsDB
 
@@ -103,7 +134,7 @@ def main() -> None:
             env["FEDCACHE_RESULTS_DB"] = args.results_db
         port = free_port()
         t0 = time.monotonic()
-        proc = start_app(env, port)
+        proc = start_app(env, port, script)
         print(f"server listening after {time.monotonic() - t0:.2f} s")
         url = f"http://127.0.0.1:{port}/"
     table_s, charts_s, reload_table_s, reload_charts_s = [], [], [], []

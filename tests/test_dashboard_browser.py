@@ -64,8 +64,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(env: dict[str, str], port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+def start_app(env: dict[str, str], port: int, script: Path = ROOT / "dashboard" / "app.py") -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script),
            "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
