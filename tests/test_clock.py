@@ -249,6 +249,9 @@ def test_a_deadline_drops_the_clients_that_miss_it_from_the_round(tiny_workspace
     assert waiting["sim_busy_s"][1] == pytest.approx(sum(plan.times[k].duration for k in plan.kept))
     assert waiting["sim_client_s"][1] == pytest.approx(3 * middle)
     assert len(waiting["sim_busy_s"]) == 2  # rounds 1 and 2, not the set-up
+    [series] = RunResultsDB(paths.RUNS / "deadline" / "run.duckdb").series([trainer.run_id])  # what the report reads
+    assert series.sim_times == {r[0]: r[-1] for r in rows["rounds"]}
+    assert series.waiting_share == pytest.approx(1 - sum(waiting["sim_busy_s"]) / sum(waiting["sim_client_s"]))
     uploads = {k: b for r, k, d, _, b, *_ in rows["comm"] if r == 2 and d == "up"}
     assert rows["rounds"][2][2] == sum(uploads.values())  # the round's bytes up: the kept uploads only
     # the same seeds: the same rows, simulated times included

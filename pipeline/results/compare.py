@@ -9,6 +9,13 @@ did reach (its MAUA), so the column still says how much cheaper a method gets to
 baseline got; `speedup_target` records that level. A setting without a baseline run falls back
 to the most expensive run that reaches the target. Pure functions over the rows of the `rounds`
 table, shared by the report stage and the dashboard.
+
+With simulated devices (docs/devices.md), per run also: the simulated seconds to the target (the
+`sim_time_s` of the round whose mean accuracy first reaches it: the same rules as the bytes to it)
+and to the speed-up's level, the run's simulated seconds, and the waiting share: the share of the
+participants' simulated client-seconds (after the set-up) not spent on work the server used (idle
+while a sync round waits for its slowest client, or dropped by a deadline or by going offline), from
+the round metrics sim_busy_s / sim_client_s. None (the report shows "—" and why) without them.
 """
 
 from __future__ import annotations
@@ -23,6 +30,30 @@ class RunSeries:
     setting: str
     rounds: list[tuple[int, float | None, int, int]]  # (round, mean_acc, bytes_up, bytes_down), round 0 = set-up
     label: str | None = None  # what ran (pipeline.results.labels); None: a run from before labels
+    sim_times: dict[int, float] | None = None  # round -> its sim_time_s; None: no simulated clock (devices off)
+    busy_s: float | None = None  # the rounds' sim_busy_s summed; None: not recorded
+    client_s: float | None = None  # the rounds' sim_client_s summed
+
+    @property
+    def sim_time_s(self) -> float | None:
+        """The run's simulated seconds (its last round's instant); None without the clock."""
+        return max(self.sim_times.values()) if self.sim_times else None
+
+    @property
+    def waiting_share(self) -> float | None:
+        """1 - busy / client-seconds over the rounds after the set-up (module doc); None when not recorded."""
+        if self.busy_s is None or not self.client_s:
+            return None
+        return 1.0 - self.busy_s / self.client_s
+
+    def time_to_target(self, target: float | None) -> float | None:
+        """Simulated seconds when the mean accuracy first reaches `target` (None if never, no target, or no clock)."""
+        if target is None or not self.sim_times:
+            return None
+        for r, acc, _, _ in sorted(self.rounds):
+            if acc is not None and acc >= target:
+                return self.sim_times.get(r)
+        return None
 
     @property
     def name(self) -> str:
@@ -78,6 +109,7 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
             "bytes_training": s.total_bytes - s.setup_bytes,
             "target_acc": target, "bytes_to_target": s.bytes_to_target(target, include_setup),
             "bytes_to_target_no_setup": s.bytes_to_target(target, include_setup=False),
+            "sim_time_s": s.sim_time_s, "time_to_target": s.time_to_target(target), "waiting_share": s.waiting_share,
         })
     for setting in {r["setting"] for r in rows}:
         group = [(r, s) for r, s in zip(rows, series) if r["setting"] == setting]
@@ -92,6 +124,7 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
             r["speedup_vs"] = reference.algorithm if reference is not None else None
             r["bytes_to_level"] = s.bytes_to_target(level) if reference is not None else None
             r["bytes_to_level_no_setup"] = s.bytes_to_target(level, include_setup=False) if reference is not None else None
+            r["time_to_level"] = s.time_to_target(level) if reference is not None else None
     return rows
 
 

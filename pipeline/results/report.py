@@ -15,7 +15,8 @@ from pipeline.results.compare import RunSeries  # noqa: E402
 
 COLUMNS = ("algorithm", "label", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
            "bytes_training", "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_no_setup",
-           "speedup_target", "speedup_vs", "bytes_to_level", "bytes_to_level_no_setup", "run_id")
+           "speedup_target", "speedup_vs", "bytes_to_level", "bytes_to_level_no_setup", "sim_time_s", "time_to_target",
+           "time_to_level", "waiting_share", "run_id")
 
 
 def _name(row: dict) -> str:
@@ -44,17 +45,54 @@ def _gb(b: int | None, row: dict) -> str:
     return f"not reached ({row['speedup_target']:.2%})" if b is None else f"{b / 1e9:.4f} (to {row['speedup_target']:.2%})"
 
 
+NO_CLOCK = "— (no simulated time: devices off)"
+
+
+def timed(rows: list[dict]) -> bool:
+    """Whether any run has simulated time (the table then gains its time columns)."""
+    return any(r.get("sim_time_s") is not None for r in rows)
+
+
+def _time(row: dict, key: str = "time_to_target") -> str:
+    """Simulated seconds to the target: "not reached", or "—" and why when the run has no simulated time."""
+    if row.get("sim_time_s") is None:
+        return NO_CLOCK
+    if row["target_acc"] is None:
+        return "— (no target)"
+    return "not reached" if row.get(key) is None else f"{row[key]:,.1f} s"
+
+
+def _waiting(row: dict) -> str:
+    if row.get("sim_time_s") is None:
+        return NO_CLOCK
+    if row.get("waiting_share") is None:
+        return "— (not recorded: a run from before the waiting figures)"
+    return f"{row['waiting_share']:.1%}"
+
+
 def format_table(rows: list[dict]) -> str:
-    """Markdown: one row per run; bytes to the target with and without the one-time set-up traffic."""
+    """Markdown: one row per run; bytes to the target with and without the one-time set-up traffic; when any
+    run has simulated time (docs/devices.md), its simulated seconds, the time to the target and the waiting share."""
     target = next((r["target_acc"] for r in rows if r["target_acc"] is not None), None)
     reach = f"bytes to {target:.0%}" if target is not None else "bytes to target"
+    clock = timed(rows)
+    times = f" simulated s | time to {target:.0%} |" if target is not None else " simulated s | time to target |"
     lines = [f"| method | setting | rounds | MAUA | final acc | bytes total | bytes w/o set-up | {reach} | "
-             f"{reach} w/o set-up | speed-up | speed-up w/o set-up |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{reach} w/o set-up |{times if clock else ''}{' waiting share |' if clock else ''} speed-up | "
+             f"speed-up w/o set-up |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if clock else "") + "---|---|"]
     for r in rows:
+        sim = ("—" if r.get("sim_time_s") is None else f"{r['sim_time_s']:,.1f}")
+        extra = f" {sim} | {_time(r)} | {_waiting(r)} |" if clock else ""
         lines.append(f"| {_shown(r)} | {r['setting']} | {r['rounds']} | {r['maua']:.4f} | {r['final_acc']:.4f} | "
                      f"{r['bytes_total']:,} | {r['bytes_training']:,} | {_bytes(r['bytes_to_target'])} | "
-                     f"{_bytes(r['bytes_to_target_no_setup'])} | {_speedup(r)} | {_speedup(r, 'speedup_no_setup')} |")
+                     f"{_bytes(r['bytes_to_target_no_setup'])} |{extra} {_speedup(r)} | "
+                     f"{_speedup(r, 'speedup_no_setup')} |")
+    if clock:
+        lines.append("\nSimulated seconds (docs/devices.md): time to the target is the round's simulated instant when "
+                     "the mean accuracy first reaches it; the waiting share is the share of the participants' simulated "
+                     "client-seconds after the set-up not spent on an update the server used (idle while others finish "
+                     "a sync round, or dropped).")
     return "\n".join(lines)
 
 
@@ -105,6 +143,29 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def plot_accuracy_vs_sim_time(runs: list[RunSeries], path: Path) -> bool:
+    """Mean user accuracy vs simulated seconds (docs/devices.md), one line per run that has simulated time;
+    False (no file) when none has."""
+    timed_runs = [s for s in runs if s.sim_times]
+    if not timed_runs:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for series in timed_runs:
+        label = series.name if series.setting == "homo" else f"{series.name}, {series.setting}"
+        points = [(series.sim_times[r], acc) for r, acc, _, _ in series.rounds
+                  if acc is not None and r in series.sim_times]
+        ax.plot([t for t, _ in points], [a for _, a in points], marker=".", label=label)
+    ax.set_xlabel("simulated time (s, from the run's start)")
+    ax.set_ylabel("mean user accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def plot_accuracy_vs_bytes(runs: list[RunSeries], path: Path) -> None:

@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS comparison (
     report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
     final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
     bytes_to_target BIGINT, speedup DOUBLE, bytes_to_target_no_setup BIGINT, speedup_target DOUBLE,
-    speedup_vs VARCHAR, label VARCHAR
+    speedup_vs VARCHAR, label VARCHAR, sim_time_s DOUBLE, time_to_target DOUBLE, waiting_share DOUBLE
 );
 CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
@@ -94,7 +94,7 @@ REQUIRED = {
 }
 COMPARISON_COLUMNS = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
                       "bytes_training", "target_acc", "bytes_to_target", "speedup", "bytes_to_target_no_setup",
-                      "speedup_target", "speedup_vs", "label")
+                      "speedup_target", "speedup_vs", "label", "sim_time_s", "time_to_target", "waiting_share")
 REBUILD = "python -m pipeline.results.store rebuild"
 # New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
 # (each is kept in DVC's cache per version); reading needs nothing special.
@@ -334,20 +334,28 @@ class ResultsDB:
 
         out = []
         with self.connect(read_only=True) as con:
-            have = _columns(con, con.execute("SELECT current_database()").fetchone()[0]).get("runs", set())
+            columns = _columns(con, con.execute("SELECT current_database()").fetchone()[0])
+            have = columns.get("runs", set())
             label = "label" if "label" in have else "NULL"  # a file from before labels (read-only: not migrated)
+            sim = "sim_time_s" if "sim_time_s" in columns.get("rounds", set()) else "NULL"  # from before the clock
             for run_id in run_ids:
                 try:
                     meta = con.execute(f"SELECT algorithm, setting, {label} FROM runs WHERE run_id = ?",
                                        [run_id]).fetchone()
-                    rows = con.execute("SELECT round, mean_acc, bytes_up, bytes_down FROM rounds WHERE run_id = ? "
-                                       "ORDER BY round", [run_id]).fetchall()
+                    rows = con.execute(f"SELECT round, mean_acc, bytes_up, bytes_down, {sim} FROM rounds "
+                                       "WHERE run_id = ? ORDER BY round", [run_id]).fetchall()
+                    busy, client_s = con.execute(
+                        "SELECT sum(value) FILTER (WHERE name = 'sim_busy_s'), "
+                        "sum(value) FILTER (WHERE name = 'sim_client_s') FROM round_metrics WHERE run_id = ?",
+                        [run_id]).fetchone()
                 except duckdb.Error as err:
                     raise damaged(self.path, _first_line(err)) from err
                 if meta is None:
                     raise ResultsError(f"run {run_id} is not in {self.path}; {fix(self.path)}", self.path,
                                        "no such run")
-                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r) for r in rows], meta[2]))
+                times = {r[0]: r[4] for r in rows if r[4] is not None}
+                out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r[:4]) for r in rows], meta[2],
+                                     sim_times=times or None, busy_s=busy, client_s=client_s))
         return out
 
 
@@ -415,7 +423,8 @@ def _index_state(path: Path) -> tuple[str, str]:
 def read_comparison_csv(path: str | Path) -> tuple[str, list[dict]]:
     """(report_id, rows) of the report's comparison.csv (pipeline.results.report.write_outputs)."""
     ints = {"rounds", "bytes_total", "bytes_setup", "bytes_training", "bytes_to_target", "bytes_to_target_no_setup"}
-    floats = {"maua", "final_acc", "target_acc", "speedup", "speedup_target"}
+    floats = {"maua", "final_acc", "target_acc", "speedup", "speedup_target", "sim_time_s", "time_to_target",
+              "waiting_share"}
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
