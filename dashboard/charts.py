@@ -111,10 +111,14 @@ def _acc_tips(curves: pd.DataFrame) -> list:
 
 
 def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, x: str = "round") -> alt.Chart:
-    """x='round', or x='time': cumulative wall-clock seconds of the rounds (training + evaluation)."""
+    """x='round', x='time': cumulative wall-clock seconds of the rounds (training + evaluation), or x='sim': the
+    rounds' simulated instants (sim_s; devices.enabled)."""
     runs = _runs_of(curves, runs)
     if x == "time":
         title, x_enc = "Mean user accuracy vs wall-clock time", alt.X("cum_s:Q", title="wall-clock time (s, cumulative)")
+    elif x == "sim":  # the devices' simulated clock (docs/devices.md); runs without it have no points
+        title, x_enc = "Mean user accuracy vs simulated time", alt.X("sim_s:Q", title="simulated time (s)")
+        curves = curves.dropna(subset=["sim_s"])
     else:
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     return alt.Chart(curves, title=title).mark_line(point=True).encode(
@@ -130,6 +134,9 @@ def accuracy_band(grouped: pd.DataFrame, groups: dict[str, str] | None = None, x
     groups = _runs_of(grouped, groups)
     if x == "time":
         title, x_enc = "Mean user accuracy vs wall-clock time", alt.X("cum_s:Q", title="wall-clock time (s, cumulative, mean)")
+    elif x == "sim":
+        title, x_enc = "Mean user accuracy vs simulated time", alt.X("sim_s:Q", title="simulated time (s, mean)")
+        grouped = grouped.dropna(subset=["sim_s"])
     else:
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     base = alt.Chart(grouped).encode(x=x_enc)

@@ -296,7 +296,8 @@ def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
     return "The selected runs are not directly comparable, they differ in " + " · ".join(parts) + "."
 
 
-ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s"]
+ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s", "sim_time_s"]
+WAITING_COLUMNS = ["run_id", "busy_s", "client_s"]  # the waiting share's figures summed per run (docs/devices.md)
 METRIC_COLUMNS = ["run_id", "round", "name", "value"]
 # What FedCache's server records per evaluated round about its knowledge cache (pipeline/methods/fedcache):
 # the share of samples with a teacher, the mean age (rounds) of the knowledge teachers are built from, the
@@ -319,6 +320,8 @@ class Snapshot:
     # in the DB that has them, selected or not (the Cache tab names them when none selected has any)
     metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
     cache_runs: list[str] = field(default_factory=list)
+    # the selected runs' sim_busy_s / sim_client_s round metrics summed (timed runs only): the waiting share
+    waiting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=WAITING_COLUMNS))
 
     @cached_property
     def labels(self) -> dict[str, str]:
@@ -340,11 +343,11 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
                 return pd.DataFrame(columns=columns)
             return con.execute(sql.format(q=q), ids).df()
 
-        rounds = read("rounds", "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s FROM rounds "
+        rounds = read("rounds", "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds "
                       "WHERE run_id IN ({q}) ORDER BY run_id, round", ROUND_COLUMNS)
         swept = ablation_runs(runs)["run_id"].tolist()  # in the same read: one attach per refresh
         ablation_rounds = con.execute(
-            "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s FROM rounds WHERE run_id IN "
+            "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds WHERE run_id IN "
             f"({', '.join('?' * len(swept))}) ORDER BY run_id, round", swept).df() if swept else \
             pd.DataFrame(columns=ROUND_COLUMNS)
         clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test FROM client_rounds "
@@ -359,6 +362,10 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
         names = ", ".join(f"'{n}'" for n in CACHE_METRICS)
         metrics = read("round_metrics", f"SELECT run_id, round, name, value FROM round_metrics WHERE run_id IN ({{q}}) "
                        f"AND name IN ({names}) ORDER BY run_id, round, name", METRIC_COLUMNS)
+        waiting = read("round_metrics", "SELECT run_id, sum(value) FILTER (WHERE name = 'sim_busy_s') AS busy_s, "
+                       "sum(value) FILTER (WHERE name = 'sim_client_s') AS client_s FROM round_metrics "
+                       "WHERE run_id IN ({q}) AND name IN ('sim_busy_s', 'sim_client_s') GROUP BY run_id",
+                       WAITING_COLUMNS)
         cache_runs = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM round_metrics WHERE name = ?",
                                                 [CACHE_METRICS[0]]).fetchall()]
     # keep the caller's run order in every frame (legends, table rows)
@@ -369,7 +376,7 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
         frames.append(df)
     recorded = set(cache_runs)
     return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, metrics=frames[4],
-                    cache_runs=[r for r in runs["run_id"] if r in recorded])  # oldest first
+                    cache_runs=[r for r in runs["run_id"] if r in recorded], waiting=waiting)  # oldest first
 
 
 # ----------------------------------------------------------------------------- derived views
@@ -379,15 +386,27 @@ def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = Non
     or another frame of its columns such as snap.ablation_rounds)."""
     meta = snap.runs.set_index("run_id")
     rounds = snap.rounds if rounds is None else rounds
+    waiting = snap.waiting.set_index("run_id")
     out = []
     for run_id in run_ids:
         rows = rounds[rounds["run_id"] == run_id]
         if rows.empty or run_id not in meta.index:
             continue
+        sim = rows["sim_time_s"] if "sim_time_s" in rows else pd.Series(dtype=float)
+        times = {int(r): float(t) for r, t in zip(rows["round"], sim) if pd.notna(t)}  # devices on: simulated instants
+        busy, client_s = (waiting.at[run_id, "busy_s"], waiting.at[run_id, "client_s"]) if run_id in waiting.index \
+            else (None, None)
         out.append(RunSeries(run_id, meta.at[run_id, "algorithm"], meta.at[run_id, "setting"], [
             (int(r), None if pd.isna(a) else float(a), int(u), int(d))
-            for r, a, u, d in zip(rows["round"], rows["mean_acc"], rows["bytes_up"], rows["bytes_down"])]))
+            for r, a, u, d in zip(rows["round"], rows["mean_acc"], rows["bytes_up"], rows["bytes_down"])],
+            sim_times=times or None, busy_s=None if pd.isna(busy) else float(busy),
+            client_s=None if pd.isna(client_s) else float(client_s)))
     return out
+
+
+def has_sim_time(curves: pd.DataFrame) -> bool:
+    """Whether any of the curves' runs has simulated time (devices.enabled: the overview offers it as an x axis)."""
+    return "sim_s" in curves and curves["sim_s"].notna().any()
 
 
 def default_target(runs: list[RunSeries], snap: Snapshot | None = None) -> float:
@@ -418,9 +437,11 @@ def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_
                      baseline: str = "fedavg") -> pd.DataFrame:
     """pipeline.results.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST)."""
     rows = comparison(series(snap, run_ids), target, include_setup, baseline=baseline)
+    # the simulated clock's columns only when a run has simulated time (a plain comparison stays as it was)
+    timed = [] if not any(r["sim_time_s"] is not None for r in rows) else ["time_to_target", "waiting_share", "sim_time_s"]
     df = pd.DataFrame(rows, columns=["algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total",
-                                     "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", "speedup",
-                                     "speedup_target", "speedup_vs"])
+                                     "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", *timed[:2],
+                                     "speedup", "speedup_target", "speedup_vs", *timed[2:]])
     status = snap.runs.set_index("run_id")["status_shown"]
     df.insert(3, "status", [status.get(r, "") for r in df["run_id"]])
     df.insert(0, "run", [snap.label(r) for r in df["run_id"]])
@@ -531,7 +552,17 @@ def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFra
 
     out["speedup"] = [speedup(row) for row in table.itertuples()]
     out["speedup_vs"] = vs_texts(table)
+    if "time_to_target" in table:  # timed runs (docs/devices.md); "—" and why for a run without simulated time
+        untimed = table["sim_time_s"].isna()
+        out["time_to_target"] = [NO_CLOCK if no else NOT_REACHED if pd.isna(t) else f"{t:,.1f} s"
+                                 for t, no in zip(table["time_to_target"], untimed)]
+        out["waiting_share"] = [NO_CLOCK if no else "not recorded" if pd.isna(w) else f"{w:.1%}"
+                                for w, no in zip(table["waiting_share"], untimed)]
+        out = out.drop(columns=["sim_time_s"])
     return out.drop(columns=["speedup_target"])
+
+
+NO_CLOCK = "— (devices off)"  # a run without simulated time, beside timed ones
 
 
 def vs_texts(table: pd.DataFrame) -> list[str]:
@@ -582,7 +613,11 @@ def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
         values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
     values["bytes_to_target"] = values["bytes_to_target"].fillna(math.inf)
     values["speedup"] = speedup_sort_values(table["speedup"], shown["speedup"])
-    styler = shown_as(values, shown, [*BYTES_COLUMNS, "speedup"])
+    timed = [c for c in ("time_to_target", "waiting_share") if c in table]
+    for col in timed:  # seconds and shares sort as numbers; not reached / no clock last
+        values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
+        values[col] = values[col].fillna(math.inf)
+    styler = shown_as(values, shown, [*BYTES_COLUMNS, "speedup", *timed])
     return mark_best(styler, values)
 
 
@@ -631,7 +666,7 @@ def smoothed(curves: pd.DataFrame, weight: float) -> pd.DataFrame:
 def accuracy_curves(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
     """Per run and evaluated round: mean accuracy, cumulative bytes (up + down) and cumulative
     wall-clock seconds (the rounds' wall_s) so far."""
-    cols = ["run", "algorithm", "run_id", "round", "mean_acc", "cum_bytes", "cum_s"]
+    cols = ["run", "algorithm", "run_id", "round", "mean_acc", "cum_bytes", "cum_s", "sim_s"]
     if snap.rounds.empty:
         return pd.DataFrame(columns=cols)
     df = snap.rounds.copy()
@@ -640,6 +675,8 @@ def accuracy_curves(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
         per_round = per_round.where(df["round"] > 0, 0)
     df["cum_bytes"] = per_round.groupby(df["run_id"]).cumsum()
     df["cum_s"] = df["wall_s"].fillna(0).groupby(df["run_id"]).cumsum()
+    # the round's simulated instant (devices.enabled; already cumulative from the run's start), else NaN
+    df["sim_s"] = df["sim_time_s"] if "sim_time_s" in df else float("nan")
     df = _with_run(snap, df).dropna(subset=["mean_acc"])
     return df[cols].reset_index(drop=True)
 
@@ -799,13 +836,16 @@ def group_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:
 def group_curves(snap: Snapshot, curves: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
     """accuracy_curves averaged over each seed group and round: mean_acc (mean), acc_min/acc_max (the
     band), cum_bytes and cum_s (means), n (runs with that round). The group label is in 'run'."""
-    cols = ["run", "algorithm", "round", "mean_acc", "acc_min", "acc_max", "cum_bytes", "cum_s", "n"]
+    cols = ["run", "algorithm", "round", "mean_acc", "acc_min", "acc_max", "cum_bytes", "cum_s", "sim_s", "n"]
     if curves.empty:
         return pd.DataFrame(columns=cols)
     df = curves.assign(run=curves["run_id"].map(_groups_of(snap, run_ids)))
+    if "sim_s" not in df:
+        df["sim_s"] = float("nan")
     out = df.groupby(["run", "algorithm", "round"], sort=False).agg(
         mean_acc=("mean_acc", "mean"), acc_min=("mean_acc", "min"), acc_max=("mean_acc", "max"),
-        cum_bytes=("cum_bytes", "mean"), cum_s=("cum_s", "mean"), n=("run_id", "size")).reset_index()
+        cum_bytes=("cum_bytes", "mean"), cum_s=("cum_s", "mean"), sim_s=("sim_s", "mean"),
+        n=("run_id", "size")).reset_index()
     return out[cols]
 
 

@@ -83,21 +83,23 @@ def build_stage_outputs(root: Path, clients: int = K, per_client: int = PER_CLIE
 
 def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
               accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0,
-              experiment: str | None = None, changed: dict | None = None) -> None:
+              experiment: str | None = None, changed: dict | None = None, sim_s: float | None = None,
+              label: str | None = None) -> None:
     """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
-    `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc)."""
+    `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc); sim_s: each
+    round's simulated seconds (devices on; None: off); label: what ran (pipeline.results.labels)."""
     gen = np.random.default_rng(seed)
     if start_round == 0:  # (a run's own file starts anew here: before the connection below opens it)
-        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed)
+        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed, label)
     with db.held():  # one connection for the rounds
         for rnd, acc in enumerate(accs[start_round:], start=start_round):
-            write_round(db, run_id, algorithm, rnd, acc, sizes, gen)
+            write_round(db, run_id, algorithm, rnd, acc, sizes, gen, sim_s)
         if finish:
             db.finish_run(run_id)
 
 
 def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float | None, sizes: np.ndarray,
-                gen: np.random.Generator | None = None) -> None:
+                gen: np.random.Generator | None = None, sim_s: float | None = None) -> None:
     gen = gen or np.random.default_rng(rnd)
     comm = []
     if algorithm == "fedcache":
@@ -119,8 +121,11 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
         spread = acc + gen.normal(0, 0.08, len(sizes))
         spread = np.clip(spread + acc - spread.mean(), 0, 1)  # mean about acc, every value a valid accuracy
         clients = [(k, float(a), 20) for k, a in enumerate(spread)]
-    db.write_round(run_id, rnd, acc, up, down, 0.5, clients, comm,
-                   cache_metrics(rnd, acc) if algorithm == "fedcache" and acc is not None else None)
+    extras = cache_metrics(rnd, acc) if algorithm == "fedcache" and acc is not None else {}
+    if sim_s is not None and rnd > 0:  # the waiting share's figures: every client busy 60% of each round
+        extras = {**extras, "sim_busy_s": 0.6 * len(sizes) * sim_s, "sim_client_s": len(sizes) * sim_s}
+    db.write_round(run_id, rnd, acc, up, down, 0.5, clients, comm, extras or None,
+                   sim_time_s=None if sim_s is None else (rnd + 1) * sim_s)
 
 
 def cache_metrics(rnd: int, acc: float) -> dict[str, float]:
@@ -178,6 +183,20 @@ def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     write_run(db, ids["killed"], "fedcache", "homo", params_for(root), sizes, curve(0.8)[:3], finish=False, seed=5)
     with db.connect() as con:  # killed an hour ago, after 3 rounds
         con.execute("UPDATE runs SET started_at = started_at - INTERVAL 1 HOUR WHERE run_id = ?", [ids["killed"]])
+    return ids
+
+
+def write_timed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
+    """Runs on simulated devices (issue 24) beside one without: FedCache async (2 simulated s a round),
+    FedAvg deadline (5 s a round) and local (devices off). Returns name -> run_id."""
+    sizes = np.full(K, PER_CLIENT)
+    ids = {"fedcache": "fedcache-20260401-000000-aaaaa4", "fedavg": "fedavg-20260401-000100-bbbbb4",
+           "local": "local-20260401-000200-ccccc4"}
+    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(root), sizes, curve(0.81), seed=1, sim_s=2.0,
+              label="fedcache (schedule=async)")
+    write_run(db, ids["fedavg"], "fedavg", "homo", params_for(root), sizes, curve(0.78), seed=2, sim_s=5.0,
+              label="fedavg (schedule=deadline)")
+    write_run(db, ids["local"], "local", "homo", params_for(root), sizes, curve(0.65), seed=3)
     return ids
 
 

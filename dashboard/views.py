@@ -69,8 +69,12 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     _pareto(table, labels, include_setup)
     _paper_table(snap, ids, target, include_setup)
     with charts_area:
-        x = st.radio("Left chart: accuracy", ["round", "time"], key="acc_x", horizontal=True,
-                     format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)"}.get)
+        axes = ["round", "time", *(["sim"] if data.has_sim_time(curves) else [])]  # sim: runs on simulated devices
+        if st.session_state.get("acc_x") not in axes:
+            st.session_state["acc_x"] = "round"  # e.g. 'sim' kept from a selection that had simulated time
+        x = st.radio("Left chart: accuracy", axes, key="acc_x", horizontal=True,
+                     format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)",
+                                  "sim": "vs simulated time (the devices' clock)"}.get)
         weight = st.slider("Smoothing (EMA weight)", 0.0, 0.95, 0.0, 0.05, key="smoothing",
                            help="Draws each curve as an exponential moving average (as TensorBoard's slider); the "
                                 "tooltips keep the measured value, and the table reads the raw rounds")
@@ -92,7 +96,8 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
             figure_downloads(chart, "accuracy_vs_bytes", "fig_bytes")
             if not zero.empty:
                 st.caption("Horizontal rules: runs that send no bytes (" + ", ".join(zero["run"]) + "), drawn at their MAUA.")
-        st.download_button("Curves (CSV)", curves[["run", "run_id", "algorithm", "round", "mean_acc", "cum_bytes"]]
+        st.download_button("Curves (CSV)", curves[["run", "run_id", "algorithm", "round", "mean_acc", "cum_bytes",
+                                                   *(["sim_s"] if "sim" in axes else [])]]
                            .to_csv(index=False), "curves.csv", "text/csv", key="curves_csv",
                            help="Mean accuracy and cumulative bytes per round of the selected runs (one row per run and round)")
 
@@ -150,6 +155,13 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
                                    "over this run's bytes to reach it"),
             "speedup_vs": text("vs", width=130, help="the baseline run of the same setting and the accuracy compared at: the "
                                           "target, or the baseline's best accuracy when it misses the target"),
+            # present when a selected run has simulated time (devices.enabled; docs/devices.md)
+            **({"time_to_target": number(f"time to {target:.0%}", width=80,
+                                         help="simulated seconds when the mean accuracy first reaches the target"),
+                "waiting_share": number("waiting", width=64,
+                                        help="share of the participants' simulated time not spent on an update the "
+                                             "server used: idle while a sync round waits for its slowest client, or "
+                                             "dropped (deadline, offline)")} if "time_to_target" in table else {}),
         })
     st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
                "Speed-up compares runs of the same setting (homo/hetero), against the baseline picked in the sidebar; "

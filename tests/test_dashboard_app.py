@@ -251,6 +251,39 @@ def test_accuracy_vs_wall_clock_time(app):
     assert fed["cum_s"].tolist() == pytest.approx([0.5 * (r + 1) for r in range(sample_data.ROUNDS + 1)])  # 0.5 s/round
 
 
+def test_accuracy_vs_simulated_time_and_time_to_target(app, sample, tmp_path):
+    """Issue 24: runs on simulated devices offer 'vs simulated time' and the table's time to target and
+    waiting share; a run without simulated time says why, not a number."""
+    assert app().radio(key="acc_x").options == ["vs round", "vs wall-clock time (cumulative rounds' wall_s)"]
+    path = tmp_path / "timed.duckdb"
+    ids = sample_data.write_timed_runs(ResultsDB(path), sample.root)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert_clean(at)
+    assert at.radio(key="acc_x").options[-1] == "vs simulated time (the devices' clock)"
+    at.number_input(key="target").set_value(0.7).run()
+    values, text = at.dataframe[0].value.set_index("run_id"), shown(at.dataframe[0]).set_index("run_id")
+    # FedCache: 0.81 - 0.71 * 0.5^r first reaches 0.7 at round 3, its instant (3 + 1) x 2 s
+    assert values.at[ids["fedcache"], "time_to_target"] == pytest.approx(8.0)
+    assert text.at[ids["fedcache"], "time_to_target"] == "8.0 s" and text.at[ids["fedcache"], "waiting_share"] == "40.0%"
+    assert text.at[ids["fedavg"], "time_to_target"] == "25.0 s"  # 0.78 - 0.68 * 0.5^r: round 4, at 5 s a round
+    assert text.at[ids["local"], "time_to_target"] == text.at[ids["local"], "waiting_share"] == "— (devices off)"
+    assert values.at[ids["local"], "time_to_target"] == float("inf")  # sorts after every number
+    # the comparison grid and the paper's (FedCache and FedAvg on MNIST): the clock adds columns, no grid
+    assert len(at.dataframe) == 2 and "time_to_target" not in at.dataframe[1].value
+    at.radio(key="acc_x").set_value("sim").run()
+    assert_clean(at)
+    spec = charts(at)["Mean user accuracy vs simulated time"]
+    assert spec["encoding"]["x"]["field"] == "sim_s"
+    drawn = frame(spec)
+    assert set(drawn["run"]) == {"fedcache (schedule=async)/homo aaaaa4", "fedavg (schedule=deadline)/homo bbbbb4"}
+    fed = drawn.query("run == 'fedcache (schedule=async)/homo aaaaa4'")
+    assert fed["sim_s"].tolist() == pytest.approx([2.0 * (r + 1) for r in range(sample_data.ROUNDS + 1)])
+    # a selection without simulated time: the option goes, and the axis falls back to rounds
+    at.sidebar.multiselect(key="runs").set_value([ids["local"]]).run()
+    assert_clean(at)
+    assert at.radio(key="acc_x").value == "round" and len(at.radio(key="acc_x").options) == 2
+
+
 def test_clients_view(app):
     at = open_tab(app(), "Clients")
     ch = charts(at)
