@@ -103,3 +103,36 @@ def test_a_bad_experiment_in_a_preset_names_the_file_and_the_entry(tmp_path):
     (tmp_path / "empty.yaml").write_text("experiments:\n  a: {}\n")
     with pytest.raises(ConfigError, match=r"empty\.yaml: experiments\.a: expected a mapping"):
         presets.plan("empty", [], params, tmp_path)
+
+
+def test_the_table_of_a_preset_of_experiments_without_runs_and_a_bad_target():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline.experiments.presets", *a], cwd=REPO_ROOT,  # noqa: E731
+                                    capture_output=True, text=True)
+    bad = run("table", "stragglers", "--target", "2")
+    assert bad.returncode == 2 and "--target 2.0: expected a mean accuracy in (0, 1]" in bad.stderr
+    plain = run("table", "fedcache_paper")
+    assert plain.returncode == 2 and "no `experiments:` section" in plain.stderr
+
+
+def test_the_table_of_a_preset_of_experiments_names_each_run_by_its_schedule(tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+
+    from dashboard import sample_data
+    from pipeline.results.store import RunResultsDB
+
+    monkeypatch.chdir(tmp_path)
+    planned = presets.plan("stragglers", [], REPO_ROOT / "params.yaml", PRESETS)
+    for exp, sim_s, final in (("stragglers-sync", 5.0, 0.70), ("stragglers-async", 1.0, 0.72)):
+        folder = tmp_path / "results" / "experiments" / exp / "fedcache"
+        run_id = f"fedcache-{exp}"
+        label = f"fedcache (consistency=round, schedule={exp.split('-')[1]})"
+        sample_data.write_run(RunResultsDB(folder / "run.duckdb"), run_id, "fedcache", "homo", {},
+                              np.full(3, 10), sample_data.curve(final, rounds=4), sim_s=sim_s, label=label)
+        (folder / "summary.json").write_text(json.dumps({"run_id": run_id}))
+    table = presets.published_table(planned, REPO_ROOT / "params.yaml", target=0.65)
+    assert "| simulated s | time to 65% | waiting share |" in table
+    # 0.70 - 0.6 * 0.5^r reaches 0.65 at round 4 (5 simulated s a round); 0.72 - 0.62 * 0.5^r at round 4 too (1 s)
+    assert "| fedcache (consistency=round, schedule=sync) | homo | 4 |" in table and "| 25.0 s | 40.0% |" in table
+    assert "| fedcache (consistency=round, schedule=async) | homo | 4 |" in table and "| 5.0 s | 40.0% |" in table

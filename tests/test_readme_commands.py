@@ -69,6 +69,11 @@ PLAN: list[tuple[str, str, str]] = [
      "every training stage again, each on a local Dask cluster (minutes on 2 cores); tests/test_dask_executor.py "
      "runs the executor on one, and on a scheduler and workers started as separate processes"),
     (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets run stragglers( -S \S+)*", "excluded",
+     "three queued DVC experiments at the default scale (about 25 minutes on a busy 2-core machine); "
+     "tests/test_presets.py checks their params, tests/test_dvc_pipeline.py the queue on a tiny sweep"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets table \S+( --target \S+)?", "run",
+     "prints a preset's published runs (none in the built copy)"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run \S+", "shrunk", "a preset at the paper's scale"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets (list|show \S+)", "run", ""),
     (r"\.venv/bin/python -m pipeline\.experiments\.sweeps (list|show \S+)", "run", ""),

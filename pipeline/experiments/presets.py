@@ -9,6 +9,7 @@ comments and the default run stay as they are, and DVC records the experiment wi
     python -m pipeline.experiments.presets show fedcache_paper       # its -S flags and the command that runs it
     python -m pipeline.experiments.presets run fedcache_paper        # dvc exp run with those flags
     python -m pipeline.experiments.presets run fedcache_paper -S train.rounds=100   # later -S flags win
+    python -m pipeline.experiments.presets table stragglers --target 0.65   # a preset of experiments: its table again
 
 Extra `-S` flags and `--queue` (queue instead of running now) pass through to `dvc exp run`.
 
@@ -157,9 +158,10 @@ def plan(name: str, extra: list[str] = (), params_file: Path = Path("params.yaml
     return out
 
 
-def published_table(planned: list, params_file: Path = Path("params.yaml")) -> str:
+def published_table(planned: list, params_file: Path = Path("params.yaml"), target: float | None = None) -> str:
     """One comparison table (pipeline.results.report.format_table) over the runs every planned experiment
-    published to results/experiments/<name>/; each run is named by its label (its schedule included)."""
+    published to results/experiments/<name>/; each run is named by its label (its schedule included).
+    target: the accuracy for bytes and time to target (None: the preset's report.target_acc for its dataset)."""
     from pipeline.experiments.dvc import EXPERIMENTS as PUBLISHED
     from pipeline.results.compare import comparison
     from pipeline.results.report import format_table
@@ -174,7 +176,8 @@ def published_table(planned: list, params_file: Path = Path("params.yaml")) -> s
     if not series:
         return "no published runs"
     params = parse_params(apply(base, planned[0].settings, "preset"))
-    rows = comparison(series, params.report.target_acc.get(params.data.dataset), baseline=params.report.baseline)
+    target = params.report.target_acc.get(params.data.dataset) if target is None else target
+    rows = comparison(series, target, baseline=params.report.baseline)
     return format_table(rows)
 
 
@@ -235,11 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--queue", action="store_true", help="queue the experiment (dvc exp run --queue)")
     run.add_argument("--jobs", type=int, default=1,
                      help=f"a preset with `{EXPERIMENTS}:`: experiments at once (default: 1)")
+    table = sub.add_parser("table", help=f"a preset with `{EXPERIMENTS}:`: the comparison over its published runs again")
+    table.add_argument("name")
+    table.add_argument("--target", type=float, help="the target accuracy (default: the preset's report.target_acc)")
     args = ap.parse_args(argv)
     try:
         if args.command == "list":
             for name in available():
                 print(f"{name:28s} {first_comment(preset_path(name))}")
+            return 0
+        if args.command == "table":
+            if args.target is not None and not 0 < args.target <= 1:
+                raise ConfigError(f"--target {args.target}: expected a mean accuracy in (0, 1], e.g. --target 0.65")
+            print(published_table(plan(args.name), target=args.target))
             return 0
         if args.command in ("show", "run") and experiments(preset_path(args.name)):
             return _several(args)
