@@ -42,7 +42,8 @@ def trained(tmp_path_factory, mnist):
         _, params, part = make_workspace(root, mnist, {"train": {
             "rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": ["local"],
             "executor": "sequential"},  # the fastest here for 3 tiny clients; where rows go does not depend on it
-            "fedcache": {"T": 1.0}})  # a knob off its default: the run's label says so
+            # a knob off its default: the run's label says so; round: step needs the vectorized executor
+            "fedcache": {"T": 1.0, "consistency": "round"}})
         for algorithm, hetero in RUNS:
             summary = _trainer(params, part, mnist, algorithm, hetero).run()
             (paths.run_dir(algorithm, hetero) / "summary.json").write_text(json.dumps(summary))
