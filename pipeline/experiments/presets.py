@@ -28,7 +28,6 @@ import argparse
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +35,9 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import ConfigError, load_params, parse_params
+from pipeline.experiments.overrides import apply, dvc_program, first_comment, flag_value, flags  # noqa: F401 (presets.apply, ...)
 
 PRESETS_DIR = Path("presets")
-SIMPLE = re.compile(r"[A-Za-z0-9_./:+-]+")  # a string DVC's -S (Hydra's grammar) reads without quotes
 
 
 def preset_path(name: str, presets_dir: Path = PRESETS_DIR) -> Path:
@@ -110,20 +109,6 @@ def _flat(raw: dict) -> dict[str, object]:
     return flat
 
 
-def apply(base: dict, flat: dict[str, object], source: str) -> dict:
-    """A copy of the params mapping `base` with the dotted keys set (as `dvc exp run -S` does)."""
-    out = yaml.safe_load(yaml.safe_dump(base))
-    for dotted, value in flat.items():
-        *parents, leaf = dotted.split(".")
-        node = out
-        for i, part in enumerate(parents):
-            if not isinstance(node.get(part), dict):
-                raise ConfigError(f"{source}: {dotted}: params.yaml has no section {'.'.join(parents[:i + 1])!r}")
-            node = node[part]
-        node[leaf] = value
-    return out
-
-
 def check(name: str, params_file: Path = Path("params.yaml"), presets_dir: Path = PRESETS_DIR) -> dict[str, object]:
     """The preset's overrides, after checking that params.yaml with them applied is valid (and, for a preset
     with `experiments:`, with each experiment's applied too: plan)."""
@@ -181,33 +166,6 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     return format_table(rows)
 
 
-def flag_value(value: object) -> str:
-    """A value as DVC's -S reads it back (YAML-like: null, true, 1.5, [a,b], "quoted text")."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return repr(value)
-    if isinstance(value, float):  # 1e-05 -> 1.0e-05: YAML 1.1 readers take an exponent without a dot as text
-        text = repr(value)
-        return text.replace("e", ".0e") if "e" in text and "." not in text else text
-    if isinstance(value, list):
-        return "[" + ",".join(flag_value(v) for v in value) + "]"
-    text = str(value)
-    return text if SIMPLE.fullmatch(text) and text not in ("null", "true", "false") else json.dumps(text)
-
-
-def flags(flat: dict[str, object]) -> list[str]:
-    return [f"{key}={flag_value(value)}" for key, value in flat.items()]
-
-
-def dvc_program() -> str:
-    """This interpreter's dvc (the venv's) when it has one, else the one on PATH."""
-    local = Path(sys.executable).parent / "dvc"
-    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
-
-
 def dvc_command(name: str, extra: list[str], queue: bool = False, params_file: Path = Path("params.yaml"),
                 presets_dir: Path = PRESETS_DIR) -> list[str]:
     cmd = [dvc_program(), "exp", "run"]
@@ -216,13 +174,6 @@ def dvc_command(name: str, extra: list[str], queue: bool = False, params_file: P
     for flag in flags(check(name, params_file, presets_dir)) + extra:
         cmd += ["-S", flag]
     return cmd
-
-
-def first_comment(path: Path) -> str:
-    for line in Path(path).read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

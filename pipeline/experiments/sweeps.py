@@ -34,7 +34,7 @@ import yaml
 from pipeline import paths
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.experiments.dvc import EXPERIMENTS, flatten
-from pipeline.experiments.presets import apply, dvc_program, first_comment, flag_value, flags
+from pipeline.experiments.overrides import apply, dvc_program, first_comment, flag_value, flags
 
 SWEEPS_DIR = Path("sweeps")
 
