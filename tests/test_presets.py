@@ -136,3 +136,12 @@ def test_the_table_of_a_preset_of_experiments_names_each_run_by_its_schedule(tmp
     # 0.70 - 0.6 * 0.5^r reaches 0.65 at round 4 (5 simulated s a round); 0.72 - 0.62 * 0.5^r at round 4 too (1 s)
     assert "| fedcache (consistency=round, schedule=sync) | homo | 4 |" in table and "| 25.0 s | 40.0% |" in table
     assert "| fedcache (consistency=round, schedule=async) | homo | 4 |" in table and "| 5.0 s | 40.0% |" in table
+
+
+@pytest.mark.parametrize("cli, name", [("pipeline.experiments.presets", "stragglers"),
+                                       ("pipeline.experiments.sweeps", "ablation_R")])
+def test_both_clis_refuse_jobs_below_one_before_queueing_anything(cli, name):
+    done = subprocess.run([sys.executable, "-m", cli, "run", name, "--jobs", "0"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--jobs 0: expected at least 1" in done.stderr
+    assert "dvc" not in done.stdout  # no queue command was printed, so none ran

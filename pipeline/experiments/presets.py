@@ -219,14 +219,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _several(args: argparse.Namespace) -> int:
     """show / run of a preset with `experiments:` (queued DVC experiments, as a sweep)."""
-    from pipeline.experiments.sweeps import queue_command, run_planned
+    from pipeline.experiments.sweeps import run_planned, show_planned
 
     if args.command == "show":
-        for exp in plan(args.name):
-            print(shlex.join(queue_command(exp)))
+        show_planned(plan(args.name))
         return 0
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs {args.jobs}: expected at least 1")
     planned = plan(args.name, args.extra)
     code = run_planned(planned, args.jobs)
     print(f"\nEvery experiment of preset {args.name}:\n{published_table(planned)}")

@@ -152,11 +152,19 @@ def run(name: str, extra: list[str], jobs: int) -> int:
     return run_planned(plan(name, extra), jobs)
 
 
+def show_planned(planned: list[Planned]) -> None:
+    """Print the command that queues each planned experiment (a sweep's or a preset's `show`)."""
+    for exp in planned:
+        print(shlex.join(queue_command(exp)))
+
+
 def run_planned(planned: list[Planned], jobs: int) -> int:
     """Queue the planned experiments (an earlier one of the same name removed first), run the queue `jobs` at a
     time, rebuild the index and print what each published; also runs a preset's experiments (presets.py)."""
     from pipeline.results.store import rebuild_index
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: expected at least 1")
     listed = subprocess.run([dvc_program(), "exp", "list", "--name-only"], env=dvc_env(), capture_output=True,
                             text=True)
     if listed.returncode != 0:
@@ -206,11 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path.stem:28s} {first_comment(path)}")
             return 0
         if args.command == "show":
-            for exp in plan(args.name):
-                print(shlex.join(queue_command(exp)))
+            show_planned(plan(args.name))
             return 0
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs {args.jobs}: expected at least 1")
         return run(args.name, args.extra, args.jobs)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
