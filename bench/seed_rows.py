@@ -1,0 +1,77 @@
+"""Mean +- std over seeds of a preset's table, one workspace per seed.
+
+    .venv/bin/python bench/seed_rows.py /tmp/t5s0 /tmp/t5s1 /tmp/t5s2
+
+Each workspace is a clone where the same preset ran with a different `-S seed=N` and the report
+stage ran after its training stages (`./py -m flows.report`), so results/report/comparison.csv
+holds every run with its speed-up against the preset's reference at that seed's level. Prints
+each seed's figures per method and setting, then MAUA and the speed-ups (with / without the one-time set-up
+upload) as mean +- sample std (ddof 1) over the seeds that have the run. Reads files only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def seed_of(workspace: Path) -> int:
+    path = workspace / "params.yaml"
+    if not path.exists():
+        sys.exit(f"error: {path} is missing: give the clones the preset ran in, one per seed")
+    return int(yaml.safe_load(path.read_text())["seed"])
+
+
+def rows_of(workspace: Path) -> list[dict]:
+    path = workspace / "results" / "report" / "comparison.csv"
+    if not path.exists():
+        sys.exit(f"error: {path} is missing: run the report stage there first (cd {workspace} && ./py -m flows.report)")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def mean_std(values: list[float], fmt: str) -> str:
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workspaces", nargs="+", type=Path, help="one clone per seed, each with its report")
+    args = ap.parse_args()
+
+    seeds = sorted(seed_of(w) for w in args.workspaces)
+    if len(set(seeds)) < len(seeds):
+        sys.exit(f"error: two workspaces ran the same seed (seeds {seeds}): give one clone per seed")
+    by_run: dict[tuple[str, str], dict[int, dict]] = {}
+    for workspace in args.workspaces:
+        seed = seed_of(workspace)
+        for row in rows_of(workspace):
+            # by method, not label: a label names the knobs off the defaults of its commit, and a default
+            # that changed between the seeds' clones (fedcache.consistency, pfedme.personal_lr) renames it
+            by_run.setdefault((row["algorithm"], row["setting"]), {})[seed] = row
+
+    speedup = lambda row, key: float(row[key]) if row.get(key) else None  # noqa: E731 (empty: never reached)
+    print("| run | setting | " + " | ".join(f"seed {s} MAUA" for s in seeds)
+          + " | MAUA mean ± std | speed-up with set-up | speed-up without |")
+    print("|---" * (len(seeds) + 5) + "|")
+    for (_, setting), per_seed in by_run.items():
+        label = " / ".join(dict.fromkeys(per_seed[s]["label"] for s in seeds if s in per_seed))
+        maua = [float(per_seed[s]["maua"]) * 100 for s in seeds if s in per_seed]
+        cells = [f"{float(per_seed[s]['maua']) * 100:.2f}" if s in per_seed else "–" for s in seeds]
+        with_setup = [v for s in seeds if s in per_seed and (v := speedup(per_seed[s], "speedup")) is not None]
+        without = [v for s in seeds if s in per_seed and (v := speedup(per_seed[s], "speedup_no_setup")) is not None]
+        note = lambda vals: f" ({len(vals)} of {len(per_seed)} seeds reach it)" if len(vals) < len(per_seed) else ""  # noqa: E731
+        print(f"| {label} | {setting} | " + " | ".join(cells) + f" | {mean_std(maua, '{:.2f}')} "
+              f"| {mean_std(with_setup, '{:.1f}x')}{note(with_setup)} | {mean_std(without, '{:.1f}x')}{note(without)} |")
+
+
+if __name__ == "__main__":
+    main()
