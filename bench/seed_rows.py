@@ -4,9 +4,9 @@
 
 Each workspace is a clone where the same preset ran with a different `-S seed=N` and the report
 stage ran after its training stages (`./py -m flows.report`), so results/report/comparison.csv
-holds every run with its speed-up against the preset's reference at that seed's level. Prints
-each seed's figures per method and setting, then MAUA and the speed-ups (with / without the one-time set-up
-upload) as mean +- sample std (ddof 1) over the seeds that have the run. Reads files only.
+holds every run with its speed-up against the preset's reference at that seed's level. Prints, per
+method and setting, each seed's MAUA and their mean +- sample std (ddof 1), and each seed's
+speed-up with and without the one-time set-up upload. Reads files only.
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ def rows_of(workspace: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def mean_std(values: list[float], fmt: str) -> str:
-    if not values:
-        return "–"
+def mean_std(values: list[float]) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
+    return f"{statistics.mean(values):.2f} ± {std:.2f}"
 
 
 def main() -> None:
@@ -58,20 +56,23 @@ def main() -> None:
             # that changed between the seeds' clones (fedcache.consistency, pfedme.personal_lr) renames it
             by_run.setdefault((row["algorithm"], row["setting"]), {})[seed] = row
 
-    speedup = lambda row, key: float(row[key]) if row.get(key) else None  # noqa: E731 (empty: never reached)
+    def speedups(per_seed: dict[int, dict], key: str) -> str:
+        """Each seed's speed-up ("never": the run did not reach the reference's level), then the mean of those
+        that did. Bytes per round are fixed, so a speed-up moves in steps of a round and seeds often tie."""
+        cells = [("never" if not per_seed[s][key] else f"{float(per_seed[s][key]):,.1f}x") if s in per_seed else "–"
+                 for s in seeds]
+        reached = [float(per_seed[s][key]) for s in seeds if s in per_seed and per_seed[s][key]]
+        return " / ".join(cells) + (f" (mean {statistics.mean(reached):,.1f}x)" if len(reached) > 1 else "")
+
     print("| run | setting | " + " | ".join(f"seed {s} MAUA" for s in seeds)
-          + " | MAUA mean ± std | speed-up with set-up | speed-up without |")
+          + " | MAUA mean ± std | speed-up by seed, with set-up | without |")
     print("|---" * (len(seeds) + 5) + "|")
     for (_, setting), per_seed in by_run.items():
         label = " / ".join(dict.fromkeys(per_seed[s]["label"] for s in seeds if s in per_seed))
         maua = [float(per_seed[s]["maua"]) * 100 for s in seeds if s in per_seed]
         cells = [f"{float(per_seed[s]['maua']) * 100:.2f}" if s in per_seed else "–" for s in seeds]
-        with_setup = [v for s in seeds if s in per_seed and (v := speedup(per_seed[s], "speedup")) is not None]
-        without = [v for s in seeds if s in per_seed and (v := speedup(per_seed[s], "speedup_no_setup")) is not None]
-        note = lambda vals: f" ({len(vals)} of {len(per_seed)} seeds reach it)" if len(vals) < len(per_seed) else ""  # noqa: E731
-        print(f"| {label} | {setting} | " + " | ".join(cells) + f" | {mean_std(maua, '{:.2f}')} "
-              f"| {mean_std(with_setup, '{:.1f}x')}{note(with_setup)} | {mean_std(without, '{:.1f}x')}{note(without)} |")
-
+        print(f"| {label} | {setting} | " + " | ".join(cells) + f" | {mean_std(maua)} "
+              f"| {speedups(per_seed, 'speedup')} | {speedups(per_seed, 'speedup_no_setup')} |")
 
 if __name__ == "__main__":
     main()
