@@ -38,9 +38,12 @@ class Recorder:
 
     def write_round(self, run_id, round_, mean_acc, up, down, seconds, rows, ledger_rows, extras=None,
                     sim_time_s=None) -> None:
+        # a ledger row's simulated instant (7th field) and the round's are kept only with the clock on, so
+        # fingerprints from before the clock existed still compare
+        ledger = [list(r[:6]) if len(r) == 7 and r[6] is None else list(r) for r in ledger_rows]
         entry = {"round": round_, "mean_acc": mean_acc, "up": up, "down": down,
-                 "clients": [list(r) for r in rows], "extras": extras, "ledger": [list(r) for r in ledger_rows]}
-        if sim_time_s is not None:  # only with the simulated clock on, so fingerprints from before it still compare
+                 "clients": [list(r) for r in rows], "extras": extras, "ledger": ledger}
+        if sim_time_s is not None:
             entry["sim_time_s"] = sim_time_s
         self.rounds.append(entry)
 

@@ -25,6 +25,8 @@ def test_the_fingerprints_recorder_takes_every_call_of_the_results_file(name):
 
 def test_it_records_simulated_time_only_when_the_clock_runs():
     recorder = Recorder()
-    recorder.write_round("r", 1, 0.5, 10, 20, 0.1, [(0, 0.5, 3)], [], None)
-    recorder.write_round("r", 2, 0.6, 10, 20, 0.1, [(0, 0.6, 3)], [], None, sim_time_s=4.0)
-    assert "sim_time_s" not in recorder.rounds[0] and recorder.rounds[1]["sim_time_s"] == 4.0
+    recorder.write_round("r", 1, 0.5, 10, 20, 0.1, [(0, 0.5, 3)], [(1, 0, "up", "logits", 8, -1, None)], None)
+    recorder.write_round("r", 2, 0.6, 10, 20, 0.1, [(0, 0.6, 3)], [(2, 0, "up", "logits", 8, -1, 3.5)], None,
+                         sim_time_s=4.0)
+    assert "sim_time_s" not in recorder.rounds[0] and recorder.rounds[0]["ledger"] == [[1, 0, "up", "logits", 8, -1]]
+    assert recorder.rounds[1]["sim_time_s"] == 4.0 and recorder.rounds[1]["ledger"][0][-1] == 3.5
