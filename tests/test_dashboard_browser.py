@@ -134,6 +134,23 @@ def assert_tab_in_url(page, name: str, timeout_s: float = 60) -> None:
         page.wait_for_timeout(100)
 
 
+def click_until_download(page, button, attempts: int = 4, each_ms: int = 20_000):
+    """Click a chart's download button until a file arrives. Streamlit gives a deferred download a new id on
+    every rerun and drops the old one when the rerun ends, so a click that reaches the server just after an
+    auto-refresh (every second here, with a run writing rounds) names a dropped id and downloads nothing; a
+    user clicks again, and so does this (at most `attempts` clicks, each waited for up to `each_ms`)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, attempts + 1):
+        try:
+            with page.expect_download(timeout=each_ms) as download:
+                button.click()
+            return download.value
+        except PlaywrightTimeout:
+            if attempt == attempts:
+                raise
+
+
 def test_dashboard_in_chromium(chromium, server):
     import json
 
@@ -176,10 +193,9 @@ def test_dashboard_in_chromium(chromium, server):
             for fmt, head in (("SVG", b"<svg"), ("PDF", b"%PDF")):
                 buttons = overview.get_by_role("button", name=fmt)
                 expect(buttons).to_have_count(3)
-                with page.expect_download(timeout=60_000) as download:
-                    buttons.first.click()
-                assert download.value.suggested_filename == f"accuracy_vs_round.{fmt.lower()}"
-                assert Path(download.value.path()).read_bytes().startswith(head)
+                download = click_until_download(page, buttons.first)
+                assert download.suggested_filename == f"accuracy_vs_round.{fmt.lower()}"
+                assert Path(download.path()).read_bytes().startswith(head)
 
             # every other tab draws its content
             # bounds, not waits: generous, since a tab's charts render only once it is shown, and on a
