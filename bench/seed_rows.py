@@ -45,12 +45,12 @@ def main() -> None:
     ap.add_argument("workspaces", nargs="+", type=Path, help="one clone per seed, each with its report")
     args = ap.parse_args()
 
-    seeds = sorted(seed_of(w) for w in args.workspaces)
+    clones = [(workspace, seed_of(workspace)) for workspace in args.workspaces]
+    seeds = sorted(seed for _, seed in clones)
     if len(set(seeds)) < len(seeds):
         sys.exit(f"error: two workspaces ran the same seed (seeds {seeds}): give one clone per seed")
     by_run: dict[tuple[str, str], dict[int, dict]] = {}
-    for workspace in args.workspaces:
-        seed = seed_of(workspace)
+    for workspace, seed in clones:
         for row in rows_of(workspace):
             # by method, not label: a label names the knobs off the defaults of its commit, and a default
             # that changed between the seeds' clones (fedcache.consistency, pfedme.personal_lr) renames it
@@ -73,6 +73,7 @@ def main() -> None:
         cells = [f"{float(per_seed[s]['maua']) * 100:.2f}" if s in per_seed else "–" for s in seeds]
         print(f"| {label} | {setting} | " + " | ".join(cells) + f" | {mean_std(maua)} "
               f"| {speedups(per_seed, 'speedup')} | {speedups(per_seed, 'speedup_no_setup')} |")
+
 
 if __name__ == "__main__":
     main()
