@@ -6,7 +6,9 @@ import torch
 
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
+from conftest import with_section
 from pipeline.federation.averaging import weighted_average
+from pipeline.federation.contract import state_bytes
 from pipeline.methods.mtfl.method import MTFLClient, private_names, shared_state
 from pipeline.federation.ledger import Payload
 from pipeline.train.engine import Trainer
@@ -86,9 +88,10 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
         accs = [a for (a,) in con.execute("SELECT mean_acc FROM rounds WHERE run_id = ? ORDER BY round",
                                           [summary["run_id"]]).fetchall()]
     K = len(trainer.clients)
-    assert sorted(rows) == sorted((r, k, d, "params", shared_bytes) for r in range(1, 4) for k in range(K)
-                                  for d in ("down", "up"))
-    assert summary["bytes_total"] == 3 * K * 2 * shared_bytes
+    assert sorted(rows) == sorted([(r, k, d, "params", shared_bytes) for r in range(1, 4) for k in range(K)
+                                   for d in ("down", "up")] + [(3, k, "down", "final_params", shared_bytes)
+                                                               for k in range(K)])  # the last figure's download
+    assert summary["bytes_total"] == (3 * K * 2 + K) * shared_bytes
     # learns: above chance (10 classes) and its untrained start. The figure is MTFL's own reading (the global
     # shared layers with the client's BatchNorm, before local training), slower to rise than the trained
     # models': seeds 0-2 gave 0.109 -> 0.317, 0.104 -> 0.336, 0.099 -> 0.252
@@ -98,3 +101,38 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
                                 [float(c.num_train) for c in trainer.clients])
     for name, t in trainer.algorithm.global_state.items():
         assert torch.allclose(t.float(), expected[name].float(), atol=1e-6), name
+
+
+@pytest.mark.parametrize("reading", ["before_local", "after_local"])
+def test_the_download_the_last_evaluation_reads_is_counted_in_the_last_round(tiny_workspace, mnist, reading):
+    """Issue 36: with mtfl.eval before_local every client's figure reads the server's new shared layers, which a
+    round's download brings to the clients selected next; after the last round there is no next round, so those
+    layers are sent to every client then, and counted as the last round's download traffic (kind final_params;
+    timed with the clock on: the run ends when the last client has them). after_local reads the clients' own
+    models: nothing more travels."""
+    _, params, part = tiny_workspace
+    params = with_section(with_section(params, "mtfl", eval=reading), "devices", enabled=True)
+    trainer = Trainer(params, REGISTRY["mtfl"], part, mnist, paths.run_dir("mtfl"), paths.checkpoint_path("mtfl"),
+                      RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
+    summary = trainer.run()
+    last, K = params.train.rounds, len(trainer.clients)
+    shared_bytes = state_bytes(trainer.algorithm.global_state)
+    final = {(k, b) for _, k, d, kind, b, _ in trainer.ledger.rows(last) if kind == "final_params"}
+    before = reading == "before_local"
+    assert final == ({(k, shared_bytes) for k in range(K)} if before else set())
+    assert all(kind != "final_params" for r in range(last) for *_, kind, _, _ in trainer.ledger.rows(r))
+    assert summary["bytes_down"] == (last + before) * K * shared_bytes
+    with duckdb.connect(str(paths.run_results("mtfl")), read_only=True) as con:
+        [(bytes_down, end)] = con.execute("SELECT bytes_down, sim_time_s FROM rounds WHERE run_id = ? AND round = ?",
+                                          [summary["run_id"], last]).fetchall()
+        stamps = con.execute("SELECT sim_time_s FROM comm WHERE run_id = ? AND round = ? AND kind = 'final_params'",
+                             [summary["run_id"], last]).fetchall()
+    assert bytes_down == (1 + before) * K * shared_bytes  # the round's start download, and the final one
+    plan = trainer.sim.last_plan
+    if before:  # each client's copy arrives over its own downlink from the round's end; the run ends at the last
+        clock = trainer.sim.clock
+        expected = sorted(plan.end + shared_bytes / clock.devices[k].down_bytes_per_s for k in range(K))
+        assert sorted(t for (t,) in stamps) == pytest.approx(expected)
+        assert end == pytest.approx(expected[-1]) == pytest.approx(summary["sim_time_s"])
+    else:
+        assert not stamps and end == pytest.approx(plan.end)

@@ -12,7 +12,9 @@ A selected client's round, from the instant the round starts (docs/devices.md):
   exchange_s  the bytes of FedCache's per-step exchange (live / step), up / uplink + down / downlink;
   upload_s    the bytes of its end-of-round upload / its uplink.
 
-Its upload completes at start + the sum of the four. What the server does (aggregation, FedDKC's server
+Its upload completes at start + the sum of the four. After the last round, what a method sends every client
+for the last evaluation (`Method.final_downloads`, MTFL's before_local) arrives over each client's downlink
+from the round's end, paused while it is offline (`Clock.deliver`). What the server does (aggregation, FedDKC's server
 model) and evaluation take no simulated time; neither do a method's extra client work outside its
 phases (pDFL's attention and peer-copy steps).
 
@@ -224,6 +226,24 @@ class Clock:
         """Round 0: every client's one-time upload from instant 0 (availability is not asked: a client joins
         when it is online); returns when each completes, and moves the clock to the last."""
         done = {k: self.now + b / self.devices[k].up_bytes_per_s for k, b in up_bytes.items()}
+        self.now = max(done.values(), default=self.now)
+        return done
+
+    def deliver(self, down_bytes: dict[int, int]) -> dict[int, float]:
+        """After the last round: client k receives down_bytes[k] over its downlink from the clock's instant,
+        while it is online (an offline period pauses the transfer, which resumes when the client is next online:
+        no round follows that it could miss); returns when each completes, and moves the clock to the last."""
+        done = {}
+        for k, b in down_bytes.items():
+            device = self.devices[k]
+            t, left = self.now, b / device.down_bytes_per_s
+            while True:
+                t = device.next_online(t)
+                until = device.online_until(t)
+                if t + left <= until:
+                    done[k] = t + left
+                    break
+                left, t = left - (until - t), until
         self.now = max(done.values(), default=self.now)
         return done
 

@@ -268,6 +268,13 @@ class Method:
         """What every client evaluates with besides its own model (e.g. FedAvg's global model)."""
         return []
 
+    def final_downloads(self, round_: int) -> dict[int, list[Payload]]:
+        """After the last round (`round_`): what the server sends each client for the last evaluation to read,
+        where that evaluation reads what a download brings and no next round's download will (MTFL's
+        before_local). The engine counts it as the last round's download traffic (and times it with the clock).
+        Default: nothing."""
+        return {}
+
     def report(self, round_: int, evaluations: dict[int, Evaluation]
                ) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
         """The round's figures from every client's evaluation: (client, acc, n_test) rows, plus named

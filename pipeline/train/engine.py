@@ -121,6 +121,7 @@ class Simulation:
         self.ledger = Ledger()
         self.fresh_optimizer = ctx.params.train.fresh_optimizer
         self.local_epochs = ctx.params.train.local_epochs
+        self.last_round = ctx.params.train.rounds
         self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
         self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
 
@@ -200,6 +201,22 @@ class Simulation:
                 uploads = {k: u for k, u in uploads.items() if k in arrived}
             if uploads:  # every participant dropped: the server has nothing to fold in
                 server.aggregate(round_, uploads)
+        if round_ == self.last_round:
+            self._final_downloads(round_)
+
+    def _final_downloads(self, round_: int) -> None:
+        """After the last round: what the server sends every client for the last evaluation to read
+        (`Method.final_downloads`), counted as the round's downloads; with the clock, each completes over its
+        client's downlink from the round's end, and the round ends when the last has (Clock.deliver)."""
+        finals = self.server.final_downloads(round_)
+        for k, payloads in finals.items():
+            for p in payloads:
+                self.ledger.record(round_, k, DOWN, p)
+        if self.clock is not None and finals:
+            done = self.clock.deliver({k: sum(p.nbytes for p in payloads) for k, payloads in finals.items()})
+            for k, payloads in finals.items():
+                for p in payloads:
+                    self.ledger.stamp(round_, k, DOWN, p.kind, done[k])
 
     def _stamp(self, round_: int, plan: RoundPlan, downloads: dict[int, list[Payload]],
                exchange_rows: set[tuple[int, tuple[int, str, str, int]]]) -> None:

@@ -14,7 +14,9 @@ reading, `after_local` (the client's model as its local training left it), is ke
 metric (`acc_after_local`, or `acc_before_local` when after_local is the figure).
 
 Homogeneous models only (a config error otherwise). Bytes per selected client and round: the
-nbytes of every shared tensor, down and up (the BatchNorm tensors never travel).
+nbytes of every shared tensor, down and up (the BatchNorm tensors never travel). With before_local,
+the last round's figure reads shared tensors that no next round's download brings: after the last
+round the server sends them to every client (kind `final_params`, counted in the last round).
 """
 
 from __future__ import annotations
@@ -74,8 +76,25 @@ class MTFL(ParameterAveraging):
         self.private = private
         self.eval_reading = ctx.params.mtfl.eval
 
+    def wire(self, k):
+        wire = super().wire(k)
+        if self._sends_final():
+            wire[("down", "final_params")] = wire[("down", "params")]
+        return wire
+
+    def _sends_final(self) -> bool:
+        # async has no last round (its spans' readings are a separate question: docs/devices.md)
+        return self.eval_reading == "before_local" and not self.asynchronous
+
     def evaluation(self, round_):
         return [Payload("params", self.global_state)]
+
+    def final_downloads(self, round_):
+        """before_local: the last figure is each client's own BatchNorm with the new global shared tensors, which
+        the clients have only once they download them: after the last round the server sends them to all."""
+        if not self._sends_final():
+            return {}
+        return {k: [Payload("final_params", dict(self.global_state))] for k in range(self.ctx.num_clients)}
 
     def report(self, round_, evaluations):
         other = "after_local" if self.eval_reading == "before_local" else "before_local"
