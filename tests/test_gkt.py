@@ -15,6 +15,7 @@ from pipeline.federation.contract import Step
 from pipeline.train.engine import Trainer
 from pipeline.errors import ConfigError
 from pipeline.results.store import RunResultsDB
+from test_peers import mean_accuracy_by_hand
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,12 @@ def test_kkr_sets_every_peak_to_t_and_keeps_the_ranking():
 @pytest.mark.slow  # the default server model, ResNet-56 without its stem: seconds of training
 @pytest.mark.parametrize("name", ["feddkc", "fedict"])
 def test_features_go_up_and_the_server_models_logits_come_down(name, tiny_workspace, mnist):
-    """3 rounds with the default server model (the conformance suite runs the smaller one and checks learning)."""
+    """3 rounds with the default server model (the conformance suite runs the smaller one and checks learning).
+    Fails if a payload is counted at another size or in another round, or if a round's figure is not the
+    clients' own models on their own test splits in eval mode (round 0 and the last round, written out)."""
     _, params, part = tiny_workspace
     trainer = _trainer(name, with_section(params, "train", rounds=3), part, mnist)
+    initial = mean_accuracy_by_hand(trainer.clients, params.train.eval_batch_size)
     summary = trainer.run()
     rows, accs = _comm_and_accs(name, summary["run_id"])
     C, (H, W) = part.num_classes, mnist.train_x.shape[1:3]
@@ -71,19 +75,32 @@ def test_features_go_up_and_the_server_models_logits_come_down(name, tiny_worksp
     expected += [(r, k, "down", "server_logits", down[k]) for r in (2, 3) for k in n]
     assert sorted(rows) == sorted(expected)
     assert summary["bytes_total"] == 3 * sum(up.values()) + 2 * sum(down.values())
-    assert len(accs) == 4 and all(0 <= a <= 1 for a in accs)  # round 0 and three rounds, evaluated
+    # round 0 and three rounds, evaluated: the set-up row is the initial models' accuracy and the last row the
+    # trained models', each written out here (fails if a round's figure is not the clients' own models on their
+    # own test splits)
+    assert len(accs) == 4
+    assert accs[0] == pytest.approx(initial, rel=1e-12) and accs[-1] == pytest.approx(
+        mean_accuracy_by_hand(trainer.clients, params.train.eval_batch_size), rel=1e-12)
     # the knowledge sent back is A4^S's logits for each client's own samples
     assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
 
 
 def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
+    """A1, A2 and A3 share the 16-channel stem, so every client uploads the same features per sample whatever its
+    depth. Fails if a client's upload or download is not counted, or is counted at another size (e.g. a deeper
+    client's features taken after its stages), or if the knowledge sent back is not one row per own sample."""
     _, params, part = tiny_workspace
     params = with_section(params, "train", rounds=2)
     trainer = _trainer("feddkc", params, part, mnist, hetero=True)
     summary = trainer.run()
     assert {type(c.model.stages).__name__ for c in trainer.clients} == {"Sequential"}
     assert len({sum(p.numel() for p in c.model.parameters()) for c in trainer.clients}) == 3  # A1, A2, A3
-    assert summary["bytes_total"] > 0 and len(trainer.algorithm.knowledge) == len(trainer.clients)
+    C, (H, W) = part.num_classes, mnist.train_x.shape[1:3]
+    n = {c.id: c.num_train for c in trainer.clients}
+    up = sum(n[k] * (16 * H * W * 4 + C * 4 + 8) for k in n)  # features, logits (float32), labels (int64)
+    down = sum(n[k] * C * 4 for k in n)  # the server's logits, in round 2 only
+    assert (summary["bytes_up"], summary["bytes_down"], summary["bytes_total"]) == (2 * up, down, 2 * up + down)
+    assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
 
 
 def _official_kl(student, teacher, T):
@@ -160,6 +177,55 @@ def test_feddkc_server_term_is_the_official_dkc_kl(tiny_workspace, mnist):
             q[p.argmax()] = 0.12
         expected = 9 * float((torch.special.xlogy(q, q) - q * F.log_softmax(out[i] / 3, 0)).sum())
         assert float(rows[i]) == pytest.approx(expected, rel=1e-9)
+
+
+def test_feddkc_client_loss_is_ce_plus_beta_t2_kl_toward_the_downloaded_server_logits(default_params_raw):
+    """The client's per-row loss (GKTClient.begin and loss, FedDKCClient.client_kd_rows) on a hand-made batch of
+    logits, in float64: CE(s, y) + beta * temperature^2 * KL(softmax(t / temperature) || softmax(s / temperature)),
+    t the server's logits of the sample from the download, beta = 1.5 and temperature = 3 (the official defaults);
+    a sample without server logits (NaN: the first round's empty download) is trained on CE alone. Written out
+    with `math`. Fails if the client distils at KKR's peak probability feddkc.T (0.12) instead of the KD
+    temperature, leaves out beta or the T^2 factor, reverses the KL, or takes the teacher from anywhere but the
+    download (or lets a missing one into the loss)."""
+    import math
+    from types import SimpleNamespace
+
+    from pipeline.config import parse_params
+    from pipeline.federation.contract import Phase
+    from pipeline.federation.ledger import Payload
+    from pipeline.methods.feddkc.method import FedDKCClient
+
+    params = parse_params(default_params_raw)
+    p = params.feddkc
+    assert (p.beta, p.temperature, p.T) == (1.5, 3.0, 0.12)
+    C = 4
+    local = FedDKCClient(params, C)
+    student = [[2.0, -1.0, 0.5, 0.0], [0.1, 0.2, 3.0, -2.0], [-1.0, 1.0, 0.0, 0.5], [0.3, -0.2, 0.0, 1.1]]
+    server = [[1.5, 0.0, 0.2, -0.3], [0.0, 0.0, 2.0, 1.0], [0.3, 0.4, -0.5, 2.5], [-2.0, 4.0, 1.0, 0.0]]
+    labels = [0, 2, 3, 1]
+    client = SimpleNamespace(num_train=4, y_train=torch.tensor(labels))
+    assert torch.isnan(local.begin(client, [], 1)["teacher"]).all()  # nothing downloaded: no teacher
+    targets = local.begin(client, [Payload("server_logits", {"logits": torch.tensor(server, dtype=torch.float64)})], 2)
+    rows = [3, 0, 2]  # a batch in another order than the client's samples: the targets are gathered per row
+    teacher = targets["teacher"][rows]
+    teacher[2] = float("nan")  # this row's sample has no server logits
+    step = Step(x=torch.tensor([student[i] for i in rows], dtype=torch.float64), y=torch.tensor([labels[i] for i in rows]),
+                ids=torch.tensor(rows), t={"teacher": teacher}, exchange=None, record=None)
+    got = local.loss(torch.nn.Identity(), step, Phase())  # the model's logits are the batch itself
+
+    def log_softmax(v, T=1.0):
+        top = max(a / T for a in v)
+        return [a / T - top - math.log(sum(math.exp(b / T - top) for b in v)) for a in v]
+
+    for row, i in enumerate(rows):
+        ce = -log_softmax(student[i])[labels[i]]
+        if row == 2:
+            expected = ce
+        else:
+            log_q, log_p = log_softmax(server[i], 3.0), log_softmax(student[i], 3.0)
+            kl = sum(math.exp(a) * (a - b) for a, b in zip(log_q, log_p))
+            expected = ce + 1.5 * 3.0 ** 2 * kl
+        assert float(got[row]) == pytest.approx(expected, rel=1e-12, abs=0), row
 
 
 def test_feddkc_refuses_a_peak_below_uniform(tiny_workspace, mnist):
