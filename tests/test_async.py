@@ -25,7 +25,7 @@ from pipeline.federation.averaging import ParameterAveraging, mix, staleness_wei
 from pipeline.federation.contract import ServerContext, Upload
 from pipeline.federation.ledger import Payload
 from pipeline.train.async_loop import EVENTS_FILE, RANK
-from test_clock import _rows, _run, _trace, _trainer, metrics
+from test_clock import _rows, _run, _trace, _trainer, going_offline, metrics
 
 # ------------------------------------------------------------------------------------------ FedAsync, pure
 
@@ -225,6 +225,26 @@ def test_the_busy_seconds_are_the_updates_that_arrived_or_are_under_way(tiny_wor
     assert sum(waiting["sim_busy_s"]) == pytest.approx(busy, rel=1e-9)
     assert waiting["sim_client_s"] == pytest.approx([part.num_clients * 1.5] * 2)
     assert 0 < busy < sum(waiting["sim_client_s"])
+
+
+def test_a_download_cut_short_by_the_connection_dropping_is_neither_counted_nor_trained_on(tiny_workspace, mnist,
+                                                                                           tmp_path):
+    """Issue 36: FedAvg on equal devices (a download takes 2.45 s, from 0 s); client 2 goes offline at 1 s, during
+    its first download, until 6 s. It never got that download: no row counts it, it does not train (its model is
+    as it started when the run ends at 8 s, its next download still under way), and the update is dropped at 1 s;
+    it starts again when it is back online."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(_on_trace(params, tmp_path, part, async_eval_s=4.0), part, mnist, "cut", "fedavg")
+    going_offline(trainer, 2, 1.0, 6.0)
+    before = {n: t.clone() for n, t in trainer.clients[2].model.state_dict().items()}
+    trainer.run()
+    events, rows = _events("cut"), _rows("cut")
+    assert [(e["t"], e["span"], e["event"], e["update"]) for e in events if e["client"] == 2] == [
+        (0.0, 1, "start", 1), (1.0, 1, "dropped", 1), (6.0, 2, "start", 2)]
+    assert not [r for r in rows["comm"] if r[1] == 2]
+    for name, t in trainer.clients[2].model.state_dict().items():
+        assert torch.equal(t, before[name]), name
+    assert {r[1] for r in rows["comm"] if r[2] == "down"} == {0, 1}  # the others' downloads are counted
 
 
 def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, tmp_path):

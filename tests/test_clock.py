@@ -19,6 +19,7 @@ import torch
 from conftest import with_section
 from pipeline import paths
 from pipeline.config import ConfigError
+from pipeline.federation.contract import state_bytes
 from pipeline.federation.clock import Clock, ClientTime, architecture_flops, close_round, forward_flops
 from pipeline.federation.devices import Availability, Device
 from pipeline.methods.registry import REGISTRY
@@ -278,6 +279,36 @@ def test_offline_clients_sit_a_round_out_the_same_way_every_run(tiny_workspace, 
         assert r == 0 or (r, k) in took_part  # a client that sat out sent and received nothing
     _, again = _run(with_section(params, "fedcache", consistency="round"), part, mnist, "flaky-again")
     assert again == rows
+
+
+def going_offline(trainer: Trainer, k: int, offline_s: float, online_s: float) -> None:
+    """Client k's device: online until offline_s, offline until online_s, then online for good."""
+    trainer.sim.clock.devices[k].availability = Availability(1e9, 1.0, np.random.default_rng(0), True,
+                                                             [offline_s, online_s])
+
+
+def test_a_client_whose_connection_drops_mid_download_neither_receives_it_nor_trains(tiny_workspace, mnist,
+                                                                                      tmp_path):
+    """Issue 36: a participant (online at the round's start) whose device goes offline before its download completes
+    never got it: its download is not counted (as a cut upload is not), it does not train (its model stays as
+    it was), and the round drops it as offline, hearing of it when the connection drops (docs/devices.md)."""
+    _, params, part = tiny_workspace
+    params = with_section(params, "devices", enabled=True, trace=_trace(tmp_path, part))
+    trainer = _trainer(params, part, mnist, "cut", "fedavg")
+    trainer.start()
+    t0, clock = trainer.sim.clock.now, trainer.sim.clock
+    download_s = state_bytes(trainer.algorithm.global_state) / clock.devices[1].down_bytes_per_s
+    going_offline(trainer, 1, t0 + download_s / 2, t0 + 1e6)
+    before = {n: t.clone() for n, t in trainer.clients[1].model.state_dict().items()}
+    trainer.run_round(1)
+    plan = trainer.sim.last_plan
+    assert plan.kept == [0, 2] and plan.dropped == {1: "offline"}
+    sent = {(k, d, kind) for _, k, d, kind, *_ in trainer.ledger.rows(1)}
+    assert sent == {(k, d, "params") for k in (0, 2) for d in ("down", "up")}  # nothing to or from client 1
+    for name, t in trainer.clients[1].model.state_dict().items():
+        assert torch.equal(t, before[name]), name  # not trained on a download it never got
+    assert plan.end == pytest.approx(max(plan.finish(0), plan.finish(2)))
+    assert plan.busy_s() == pytest.approx(plan.times[0].duration + plan.times[2].duration)
 
 
 def test_a_resumed_run_continues_the_clock(tiny_workspace, mnist, tmp_path):

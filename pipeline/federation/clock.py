@@ -30,6 +30,8 @@ Availability: a round starts at the clock's current time, or when the first sele
 online if none is online then; the selected clients offline at that instant sit the round out (no
 download, no upload), and one that goes offline before its upload completes is dropped like a
 straggler; the server sees its connection drop at that instant (which ends a sync round no later).
+One that goes offline before its download completes never received it (`receivers`): the download is
+not counted, as a cut upload is not, and the client does not train that round.
 
 The async schedule has no rounds to close: pipeline/train/async_loop.py times each client's updates one by one
 with the same parts (`client_time`) and moves the clock itself.
@@ -214,6 +216,13 @@ class Clock:
         if selected and not any(self.devices[k].online_at(start) for k in selected):
             start = min(self.devices[k].next_online(start) for k in selected)
         return start, [k for k in selected if self.devices[k].online_at(start)]
+
+    def receivers(self, start: float, down_bytes: dict[int, int]) -> list[int]:
+        """The participants whose download (down_bytes[k] from `start`) completes before their device goes offline.
+        The others never receive it: it is not counted, they do not train on it, and `close` drops them as offline
+        (their connection drops before their upload could complete)."""
+        return [k for k, b in down_bytes.items()
+                if start + b / self.devices[k].down_bytes_per_s <= self.devices[k].online_until(start)]
 
     def close(self, start: float, times: dict[int, ClientTime]) -> RoundPlan:
         """Decide the round (close_round with this clock's schedule) and move the clock to its end."""

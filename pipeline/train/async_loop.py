@@ -13,8 +13,9 @@ A client runs one local update after another, each in four events on the simulat
 
 So a client's cadence depends on its own device and bytes only: a client 10x slower than the others delays
 nobody. A client whose device goes offline before its upload arrives is dropped from that update, as under
-sync: it downloaded and trained (its model keeps what it trained), its upload is neither counted nor folded
-in, and it starts again when it is next online.
+sync, and starts again when it is next online: offline before its download completes, it never got the
+download (not counted, not trained on); offline later, it downloaded and trained (its model keeps what it
+trained), and its upload is neither counted nor folded in.
 
 What happens next is decided by a priority queue of (instant, event, client): the earliest instant first; at
 one instant arrivals before downloads before training before starts (an upload that arrives at the instant
@@ -52,11 +53,11 @@ from pipeline.train.executors import SequentialExecutor
 if TYPE_CHECKING:
     from pipeline.train.engine import Simulation, Timer
 
-# the events of one update, in the order they are taken when they fall on the same instant
-ARRIVED, DOWNLOADED, TRAINED, START = "arrived", "downloaded", "trained", "start"
-ORDER = (ARRIVED, DOWNLOADED, TRAINED, START)
+# the events of one update, in the order they are taken when they fall on the same instant; dropped: the device
+# went offline before the update's transfers were done (last at an instant: it changes nothing the others see)
+ARRIVED, DOWNLOADED, TRAINED, START, DROPPED = "arrived", "downloaded", "trained", "start", "dropped"
+ORDER = (ARRIVED, DOWNLOADED, TRAINED, START, DROPPED)
 RANK = {name: i for i, name in enumerate(ORDER)}
-DROPPED = "dropped"  # logged, not queued: the device went offline before its upload arrived
 EVENTS_FILE = "events.jsonl"
 
 
@@ -134,7 +135,8 @@ class AsyncLoop:
         """Every event at or before the end of span r, in the queue's order; the clock moves to the span's end."""
         end = self.span_end(r)
         self.busy_s = 0.0
-        handlers = {START: self._start, DOWNLOADED: self._downloaded, TRAINED: self._trained, ARRIVED: self._arrived}
+        handlers = {START: self._start, DOWNLOADED: self._downloaded, TRAINED: self._trained, ARRIVED: self._arrived,
+                    DROPPED: self._dropped}
         while self.queue and self.queue[0][0] <= end:
             t, rank, k = heapq.heappop(self.queue)
             handlers[ORDER[rank]](r, t, k, timer)
@@ -156,7 +158,12 @@ class AsyncLoop:
         with timer("exchange"):
             u.download = self.sim.server.configure(r, [k])[k]  # what the server holds now
         self._log(r, t, k, START)
-        self._push(t + _nbytes(u.download) / device.down_bytes_per_s, DOWNLOADED, k)
+        downloaded, offline = t + _nbytes(u.download) / device.down_bytes_per_s, device.online_until(t)
+        if offline < downloaded:  # the connection drops first: the download never completes, nor is trained on
+            u.download = []
+            self._push(offline, DROPPED, k)
+            return
+        self._push(downloaded, DOWNLOADED, k)
 
     def _downloaded(self, r: int, t: float, k: int, timer: Timer) -> None:
         u, ledger = self.updates[k], self.sim.ledger
@@ -202,6 +209,14 @@ class AsyncLoop:
         self.busy_s += t - max(u.start, self.span_end(r - 1))  # this span's part of the update (earlier spans counted theirs)
         self._log(r, t, k, ARRIVED)
         self._push(t, START, k)  # the next update starts at once (when online)
+
+    def _dropped(self, r: int, t: float, k: int, timer: Timer) -> None:
+        """The device went offline at t, before the update's download completed: the update is lost (nothing was
+        counted or trained); the client starts again when it is next online."""
+        # its time was wasted: take back what earlier spans counted as busy (this span counts none of it)
+        self.busy_s -= max(0.0, self.span_end(r - 1) - self.updates[k].start)
+        self._log(r, t, k, DROPPED)
+        self._push(t, START, k)  # offline now: it starts when it is next online
 
     # -- queue, log, checkpoint ------------------------------------------------------------------------
 

@@ -174,20 +174,24 @@ class Simulation:
 
         with timer("exchange"):
             downloads = server.configure(round_, selected)
-            for k in selected:
+            down_bytes = {k: sum(p.nbytes for p in downloads[k]) for k in selected}
+            # a client whose connection drops before its download completes never gets it: not counted, not trained
+            received = selected if clock is None else clock.receivers(start, down_bytes)
+            for k in received:
                 for p in downloads[k]:
                     record_download(k, p)
         if self.fresh_optimizer:  # the official FedCache code builds a new SGD every round
-            for k in selected:
+            for k in received:
                 self.clients[k].new_optimizer()
-        uploads = self.executor.run(self.local, [self.clients[k] for k in selected], downloads, round_,
-                                    StepHook(exchange, server.end_step))
+        uploads = self.executor.run(self.local, [self.clients[k] for k in received], downloads, round_,
+                                    StepHook(exchange, server.end_step)) if received else {}
         kept, plan = selected, None
         if clock is not None:  # when each upload would complete, who is kept, when the round ends
             plan = clock.close(start, {k: clock.client_time(
-                k, self.samples_trained(self.clients[k], round_), sum(p.nbytes for p in downloads[k]),
-                sum(p.nbytes for p in uploads[k].payloads), *exchanged[k]) for k in selected})
-            self._stamp(round_, plan, downloads, exchange_rows)
+                k, self.samples_trained(self.clients[k], round_), down_bytes[k],
+                sum(p.nbytes for p in uploads[k].payloads), *exchanged[k]) if k in uploads
+                else clock.client_time(k, 0, down_bytes[k], 0) for k in selected})  # cut short: dropped as offline
+            self._stamp(round_, plan, {k: downloads[k] for k in received}, exchange_rows)
             kept = plan.kept
         self.last_plan = plan
         with timer("exchange"):
