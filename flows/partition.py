@@ -35,8 +35,8 @@ def partition_flow(params_file: str = "params.yaml") -> dict:
     params = load_params(params_file, methods=())  # the shared sections: it runs no method
     stats = save(split(params))
     s = stats["train_per_client"]
-    print(f"partition: {stats['num_clients']} clients, {stats['num_train']} train / {stats['num_test']} test samples "
-          f"(per client min {s['min']}, mean {s['mean']:.1f}, max {s['max']})")
+    print(f"partition: {stats['num_clients']} clients, {stats['num_train']:,} train / {stats['num_val']:,} validation / "
+          f"{stats['num_test']:,} test samples (train per client min {s['min']}, mean {s['mean']:.1f}, max {s['max']})")
     return stats
 
 

@@ -17,8 +17,8 @@ def main() -> None:
     s = stats["train_per_client"]
     print("\n== pipeline summary ==")
     print(f"partition : {params.data.dataset}, {stats['num_clients']} clients ({params.partition.scheme}), "
-          f"{stats['num_train']} train / {stats['num_test']} test samples; per client min {s['min']} "
-          f"mean {s['mean']:.1f} max {s['max']}  -> {paths.PARTITION_STATS}")
+          f"{stats['num_train']:,} train / {stats.get('num_val', 0):,} validation / {stats['num_test']:,} test "
+          f"samples; train per client min {s['min']} mean {s['mean']:.1f} max {s['max']}  -> {paths.PARTITION_STATS}")
     print(f"encode    : {info['num_samples']} hashes, {info['dim']}-d {info['dtype']} ({info['encoder']}), "
           f"{info['images_per_second']:.0f} images/s  -> {paths.HASHES}")
     kinds = sorted(set(json.loads(meta["index_kinds"]).values()))

@@ -54,6 +54,12 @@ class PartitionParams(Section):
     data_fraction: float | None = Field(None, gt=0, le=1)
     min_samples: int = Field(10, ge=1)
     max_retries: int = Field(100, ge=1)
+    # each client's test split: this share of every class's test images, divided over the clients
+    test_fraction: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    # each client's validation split: val_ratio x its training count per class, from unused training samples;
+    # when the partition uses every sample, val_holdout of each client's own samples instead
+    val_ratio: float = Field(1.0, ge=0, le=100, allow_inf_nan=False)
+    val_holdout: float = Field(0.1, ge=0, le=0.5, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_scale(self) -> "PartitionParams":

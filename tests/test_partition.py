@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.config import PartitionParams
+from pipeline.config import ConfigError, PartitionParams
 from pipeline.data.partition import Partition, PartitionError, make_partition, partition_stats, write_stats
 
 C = 10  # classes in the synthetic labels (10 x 600 train, 10 x 100 test; see conftest)
@@ -51,6 +51,11 @@ def assert_well_formed(part: Partition, train_y: np.ndarray, test_y: np.ndarray)
         assert len(np.unique(index)) == len(index)                   # no sample used twice
         np.testing.assert_array_equal(labels, y[index])              # labels follow the ids
     assert part.num_train == part.train_offsets[-1]
+    assert part.val_offsets.shape == (K + 1,) and part.val_offsets[-1] == len(part.val_index) == len(part.val_labels)
+    np.testing.assert_array_equal(part.val_labels, train_y[part.val_index])
+    # validation samples are training-set images no client trains on
+    assert not set(part.val_index.tolist()) & set(part.train_index.tolist())
+    assert len(np.unique(part.val_index)) == len(part.val_index)
 
 
 def assert_test_mix_follows_train_mix(part: Partition) -> None:
@@ -67,29 +72,38 @@ def assert_test_mix_follows_train_mix(part: Partition) -> None:
 # ------------------------------------------------------------------ sizes
 
 def test_all_data_is_used_once_and_well_formed(synthetic_labels):
+    """Fails if a full-data partition trains on its validation samples or drops a sample."""
     train_y, test_y = synthetic_labels
     part = split(synthetic_labels)
     assert_well_formed(part, train_y, test_y)
     assert part.num_clients == 10 and part.num_classes == C
-    assert part.num_train == len(train_y)            # no scale-down: every training sample is handed out
+    # no scale-down: every training sample is handed out, to training or (val_holdout) to validation
+    np.testing.assert_array_equal(np.sort(np.concatenate([part.train_index, part.val_index])), np.arange(len(train_y)))
     assert len(part.test_index) == len(test_y)
-    np.testing.assert_array_equal(np.sort(part.train_index), np.arange(len(train_y)))
+    train, _ = counts(part)
+    val = _val_counts(part)
+    # each client holds out floor(0.1 x) of each class of its own samples
+    np.testing.assert_array_equal(val, np.floor(0.1 * (train + val)).astype(np.int64))
 
 
 def test_samples_per_client_scales_the_total(synthetic_labels):
+    """Fails if the test split is cut down with the training scale-down (it must stay the whole test set)."""
     train_y, test_y = synthetic_labels
     part = split(synthetic_labels, num_clients=20, samples_per_client=50)
     assert_well_formed(part, train_y, test_y)
     # K * spc = 1000 of 6000 -> 1/6 of each class (rounded per class: at most C/2 off)
     assert abs(part.num_train - 20 * 50) <= C / 2
     np.testing.assert_array_equal(np.bincount(part.train_labels, minlength=C), np.full(C, 100))
-    np.testing.assert_array_equal(np.bincount(part.test_labels, minlength=C), np.full(C, round(100 / 6)))
+    np.testing.assert_array_equal(np.bincount(part.test_labels, minlength=C), np.full(C, 100))  # all of it
+    np.testing.assert_array_equal(np.bincount(part.val_labels, minlength=C), np.full(C, 100))  # val_ratio 1
     assert np.diff(part.train_offsets).mean() == pytest.approx(50, abs=0.5)
 
 
-def test_samples_per_client_beyond_the_data_uses_all_of_it(synthetic_labels):
-    part = split(synthetic_labels, num_clients=5, samples_per_client=10_000)
-    assert part.num_train == len(synthetic_labels[0])
+def test_samples_per_client_beyond_the_data_is_refused_naming_the_key(synthetic_labels):
+    """Fails if asking for more training samples than exist silently returns fewer."""
+    with pytest.raises(ConfigError, match=r"partition\.samples_per_client = 10000 .* asks for 50,000 .* has 6,000 "
+                                          r"\(at most 1200 per client"):
+        split(synthetic_labels, num_clients=5, samples_per_client=10_000)
 
 
 def test_data_fraction_takes_that_share_of_every_class(synthetic_labels):
@@ -97,7 +111,40 @@ def test_data_fraction_takes_that_share_of_every_class(synthetic_labels):
     part = split(synthetic_labels, data_fraction=0.25)
     assert_well_formed(part, train_y, test_y)
     np.testing.assert_array_equal(np.bincount(part.train_labels, minlength=C), np.full(C, 150))
-    np.testing.assert_array_equal(np.bincount(part.test_labels, minlength=C), np.full(C, 25))
+    np.testing.assert_array_equal(np.bincount(part.test_labels, minlength=C), np.full(C, 100))
+
+
+def _val_counts(part: Partition) -> np.ndarray:
+    val = np.zeros((part.num_clients, part.num_classes), np.int64)
+    for k in range(part.num_clients):
+        val[k] = np.bincount(part.val_labels[part.val_offsets[k]:part.val_offsets[k + 1]], minlength=part.num_classes)
+    return val
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0, 2.0])
+def test_validation_comes_from_unused_samples_in_the_clients_label_mix(synthetic_labels, ratio):
+    """Fails if the validation split is not ratio x each class's training count, is drawn from samples a
+    client trains on, or does not follow each client's training label mix."""
+    train_y, test_y = synthetic_labels
+    part = split(synthetic_labels, num_clients=10, samples_per_client=100, alpha=0.3, val_ratio=ratio)
+    assert_well_formed(part, train_y, test_y)
+    train, val = counts(part)[0], _val_counts(part)
+    np.testing.assert_array_equal(val.sum(axis=0), np.rint(ratio * train.sum(axis=0)))
+    for c in range(C):
+        expected = train[:, c] / train[:, c].sum() * val[:, c].sum()
+        assert np.all(np.abs(val[:, c] - expected) <= 1), (c, train[:, c], val[:, c])
+
+
+def test_too_large_a_validation_ratio_is_refused_naming_the_key(synthetic_labels):
+    with pytest.raises(ConfigError, match=r"partition\.val_ratio = 6\.0: class \d needs 600 validation samples but only "
+                                          r"500 .* at most 5\.00"):
+        split(synthetic_labels, num_clients=10, samples_per_client=100, val_ratio=6.0)
+
+
+def test_test_fraction_takes_that_share_of_the_test_set(synthetic_labels):
+    part = split(synthetic_labels, num_clients=10, samples_per_client=20, test_fraction=0.5)
+    np.testing.assert_array_equal(np.bincount(part.test_labels, minlength=C), np.full(C, 50))
+    assert_test_mix_follows_train_mix(part)
 
 
 def test_pre_check_counts_the_pooled_samples_not_a_truncated_float(monkeypatch):
@@ -162,7 +209,7 @@ def test_small_alpha_gives_skewed_label_mixes(synthetic_labels):
 
 def _arrays(part: Partition):
     return (part.train_index, part.train_offsets, part.test_index, part.test_offsets, part.train_labels,
-            part.test_labels)
+            part.test_labels, part.val_index, part.val_offsets, part.val_labels)
 
 
 @pytest.mark.parametrize("scheme", ["dirichlet", "pathological"])
@@ -184,7 +231,8 @@ def test_different_seed_picks_different_samples_when_scaled_down(synthetic_label
     a = split(synthetic_labels, seed=0, data_fraction=0.1)
     b = split(synthetic_labels, seed=1, data_fraction=0.1)
     assert set(a.train_index.tolist()) != set(b.train_index.tolist())
-    assert set(a.test_index.tolist()) != set(b.test_index.tolist())
+    assert set(a.val_index.tolist()) != set(b.val_index.tolist())
+    assert not np.array_equal(a.test_index, b.test_index)  # the whole test set, dealt out differently
 
 
 # ------------------------------------------------------------------ bounded retries
@@ -227,8 +275,10 @@ def test_pathological_too_small_clients(synthetic_labels):
     # 15 clients x 1 class: classes 0-4 have two holders (300 samples each), 5-9 one (600).
     # 15 x 350 <= 6000 passes the total check, but the 300-sample clients are too small.
     with pytest.raises(PartitionError, match=r"only 300 samples with classes_per_client = 1 and num_clients = 15"):
-        split(synthetic_labels, scheme="pathological", num_clients=15, classes_per_client=1, min_samples=350)
-    part = split(synthetic_labels, scheme="pathological", num_clients=15, classes_per_client=1, min_samples=300)
+        split(synthetic_labels, scheme="pathological", num_clients=15, classes_per_client=1, min_samples=350,
+              val_holdout=0.0)
+    part = split(synthetic_labels, scheme="pathological", num_clients=15, classes_per_client=1, min_samples=300,
+                 val_holdout=0.0)
     assert sorted(np.diff(part.train_offsets).tolist()) == [300] * 10 + [600] * 5
 
 
@@ -275,6 +325,8 @@ def test_partition_stats_counts_sum_correctly(synthetic_labels, tmp_path):
     sizes = np.diff(part.train_offsets)
     assert stats["train_per_client"] == {"min": int(sizes.min()), "mean": pytest.approx(float(sizes.mean())),
                                          "max": int(sizes.max())}
+    np.testing.assert_array_equal(np.array(stats["val_counts"]), _val_counts(part))
+    assert stats["num_val"] == len(part.val_index) and stats["val_per_client"]["mean"] == len(part.val_index) / 9
     path = tmp_path / "s" / "stats.json"
     write_stats(stats, path)
     assert json.loads(path.read_text()) == json.loads(json.dumps(stats))

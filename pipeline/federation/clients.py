@@ -8,6 +8,7 @@ everything that would travel if the client trained elsewhere.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,10 @@ class Client:
     x_train: torch.Tensor
     y_train: torch.Tensor
     ids: torch.Tensor  # global sample ids of the training samples (CPU), travel with each batch
-    x_test: torch.Tensor
+    x_test: torch.Tensor  # the split every evaluation reads (`on_split` points it at the validation split)
     y_test: torch.Tensor
+    x_val: torch.Tensor  # the validation split: defaults are tuned on it (docs/choices.md)
+    y_val: torch.Tensor
     state: dict[str, object] = field(default_factory=dict)  # method-specific state kept on the client (tensors)
 
     @property
@@ -86,8 +89,27 @@ def build_clients(params: Params, part: Partition, ds: ImageDataset, device: tor
             ids=torch.arange(lo, hi),
             x_test=to_tensor(ds.test_x[part.client_test(k)]).to(device),
             y_test=torch.from_numpy(part.test_labels[part.test_offsets[k]:part.test_offsets[k + 1]]).to(device),
+            x_val=to_tensor(ds.train_x[part.client_val(k)]).to(device),
+            y_val=torch.from_numpy(part.val_labels[part.val_offsets[k]:part.val_offsets[k + 1]]).to(device),
         ))
     return clients
+
+
+@contextmanager
+def on_split(clients: list[Client], split: str):
+    """Every evaluation reads a client's x_test / y_test; within this block they are its `split`
+    ("test" or "val"), so each method's own evaluation code runs unchanged on the validation split."""
+    if split == "test":
+        yield
+        return
+    saved = [(c.x_test, c.y_test) for c in clients]
+    for c in clients:
+        c.x_test, c.y_test = c.x_val, c.y_val
+    try:
+        yield
+    finally:
+        for c, (x, y) in zip(clients, saved):
+            c.x_test, c.y_test = x, y
 
 
 def batch_order(client: Client, round_: int, params: Params, stream: int = 0) -> list[torch.Tensor]:
