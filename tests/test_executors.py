@@ -102,7 +102,7 @@ def test_grouped_evaluation_equals_one_client_after_another(mnist, float64):
         lo = 50 * k
         x, y = to_tensor(mnist.test_x[lo:lo + n_test]), torch.from_numpy(mnist.test_y[lo:lo + n_test]).long()
         clients.append(Client(k, model, torch.optim.SGD(model.parameters(), lr=0.1), x[:1], y[:1], torch.arange(1),
-                              x, y))
+                              x, y, x[:0], y[:0]))
     grouped = VectorizedExecutor(group_size=3).evaluate(LocalUpdate(params, mnist.num_classes), clients, [])
     for c in clients:
         acc, n = evaluate_model(c.model, c.x_test, c.y_test, 16)

@@ -248,7 +248,7 @@ def _simulation(mnist, tmp_path, fedproto: dict, models: list[nn.Module], n: int
         x, y = to_tensor(mnist.train_x[lo:lo + n]), torch.from_numpy(mnist.train_y[lo:lo + n]).long()
         xt, yt = to_tensor(mnist.test_x[lo:lo + n]), torch.from_numpy(mnist.test_y[lo:lo + n]).long()
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-        clients.append(Client(k, model, opt, x, y, torch.arange(lo, lo + n), xt, yt))
+        clients.append(Client(k, model, opt, x, y, torch.arange(lo, lo + n), xt, yt, xt[:0], yt[:0]))
     ctx = ServerContext(params, len(clients), mnist.num_classes, mnist.input_shape, None, torch.device("cpu"), tmp_path,
                         hetero=True)
     sim = Simulation(FedProto, clients, ctx, SequentialExecutor())

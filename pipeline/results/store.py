@@ -68,6 +68,9 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS label VARCHAR;
 -- simulated seconds from the run's start; NULL without devices.enabled and in files from before it
 ALTER TABLE rounds ADD COLUMN IF NOT EXISTS sim_time_s DOUBLE;
 ALTER TABLE comm ADD COLUMN IF NOT EXISTS sim_time_s DOUBLE;
+-- the validation split (issue 36): each client's accuracy on it beside its test accuracy; NULL in files from before it
+ALTER TABLE client_rounds ADD COLUMN IF NOT EXISTS val_acc DOUBLE;
+ALTER TABLE client_rounds ADD COLUMN IF NOT EXISTS n_val INTEGER;
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id VARCHAR, round INTEGER, name VARCHAR, value DOUBLE, PRIMARY KEY (run_id, round, name)
 );
@@ -78,7 +81,14 @@ CREATE TABLE IF NOT EXISTS comparison (
     report_id VARCHAR, algorithm VARCHAR, setting VARCHAR, run_id VARCHAR, rounds INTEGER, maua DOUBLE,
     final_acc DOUBLE, bytes_total BIGINT, bytes_setup BIGINT, bytes_training BIGINT, target_acc DOUBLE,
     bytes_to_target BIGINT, speedup DOUBLE, bytes_to_target_no_setup BIGINT, speedup_target DOUBLE,
-    speedup_vs VARCHAR, label VARCHAR, sim_time_s DOUBLE, time_to_target DOUBLE, waiting_share DOUBLE
+    speedup_vs VARCHAR, label VARCHAR, sim_time_s DOUBLE, time_to_target DOUBLE, waiting_share DOUBLE,
+    maua_low DOUBLE, maua_high DOUBLE, final_low DOUBLE, final_high DOUBLE, test_se DOUBLE, val_maua DOUBLE
+);
+-- the report's paired differences (pipeline.results.compare.differences): each method minus each reference
+CREATE TABLE IF NOT EXISTS differences (
+    report_id VARCHAR, label VARCHAR, algorithm VARCHAR, vs VARCHAR, setting VARCHAR, seeds INTEGER,
+    maua_diff DOUBLE, maua_low DOUBLE, maua_high DOUBLE, maua_verdict VARCHAR, final_acc_diff DOUBLE,
+    final_acc_low DOUBLE, final_acc_high DOUBLE, final_acc_verdict VARCHAR, covers VARCHAR, note VARCHAR
 );
 CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
@@ -94,7 +104,11 @@ REQUIRED = {
 }
 COMPARISON_COLUMNS = ("algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
                       "bytes_training", "target_acc", "bytes_to_target", "speedup", "bytes_to_target_no_setup",
-                      "speedup_target", "speedup_vs", "label", "sim_time_s", "time_to_target", "waiting_share")
+                      "speedup_target", "speedup_vs", "label", "sim_time_s", "time_to_target", "waiting_share",
+                      "maua_low", "maua_high", "final_low", "final_high", "test_se", "val_maua")
+DIFFERENCE_COLUMNS = ("label", "algorithm", "vs", "setting", "seeds", "maua_diff", "maua_low", "maua_high",
+                      "maua_verdict", "final_acc_diff", "final_acc_low", "final_acc_high", "final_acc_verdict", "covers",
+                      "note")
 REBUILD = "python -m pipeline.results.store rebuild"
 # New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
 # (each is kept in DVC's cache per version); reading needs nothing special.
@@ -276,9 +290,9 @@ class ResultsDB:
             )
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
-                    wall_s: float, client_rows: list[tuple[int, float, int]], comm_rows: list[tuple],
+                    wall_s: float, client_rows: list[tuple], comm_rows: list[tuple],
                     extras: dict[str, float] | None = None, sim_time_s: float | None = None) -> None:
-        """One round's rows in one transaction. client_rows: (client, acc, n_test); comm_rows: (round, client, dir,
+        """One round's rows in one transaction. client_rows: (client, acc, n_test[, val_acc, n_val]); comm_rows: (round, client, dir,
         kind, bytes, peer[, sim_time_s]); extras: named round metrics (e.g. a second accuracy reading);
         sim_time_s: the simulated instant the round ended (None: no simulated clock)."""
         comm_rows = [tuple(row) if len(row) == 7 else (*row, None) for row in comm_rows]
@@ -287,8 +301,9 @@ class ResultsDB:
             con.execute("INSERT INTO rounds (run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?)", [run_id, round_, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s])
             if client_rows:
-                con.executemany("INSERT INTO client_rounds VALUES (?, ?, ?, ?, ?)",
-                                [(run_id, round_, c, a, n) for c, a, n in client_rows])
+                con.executemany("INSERT INTO client_rounds (run_id, round, client_id, acc, n_test, val_acc, n_val) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                [(run_id, round_, *row, *(None, None)[len(row) - 3:]) for row in client_rows])
             if comm_rows:
                 con.executemany("INSERT INTO comm (run_id, round, client_id, direction, kind, bytes, peer_id, sim_time_s) "
                                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(run_id, *row) for row in comm_rows])
@@ -338,10 +353,14 @@ class ResultsDB:
             have = columns.get("runs", set())
             label = "label" if "label" in have else "NULL"  # a file from before labels (read-only: not migrated)
             sim = "sim_time_s" if "sim_time_s" in columns.get("rounds", set()) else "NULL"  # from before the clock
+            # from before the validation split: no val columns (read-only: not migrated)
+            val = ("val_acc, n_val" if "val_acc" in columns.get("client_rounds", set()) else "NULL, NULL")
             for run_id in run_ids:
                 try:
-                    meta = con.execute(f"SELECT algorithm, setting, {label} FROM runs WHERE run_id = ?",
-                                       [run_id]).fetchone()
+                    meta = con.execute(f"SELECT algorithm, setting, {label}, params->>'$.seed' FROM runs "
+                                       "WHERE run_id = ?", [run_id]).fetchone()
+                    clients = con.execute(f"SELECT round, client_id, acc, n_test, {val} FROM client_rounds "
+                                          "WHERE run_id = ? ORDER BY round, client_id", [run_id]).fetchall()
                     rows = con.execute(f"SELECT round, mean_acc, bytes_up, bytes_down, {sim} FROM rounds "
                                        "WHERE run_id = ? ORDER BY round", [run_id]).fetchall()
                     busy, client_s = con.execute(
@@ -354,8 +373,12 @@ class ResultsDB:
                     raise ResultsError(f"run {run_id} is not in {self.path}; {fix(self.path)}", self.path,
                                        "no such run")
                 times = {r[0]: r[4] for r in rows if r[4] is not None}
+                seed = None if meta[3] is None else int(meta[3])
                 out.append(RunSeries(run_id, meta[0], meta[1], [tuple(r[:4]) for r in rows], meta[2],
-                                     sim_times=times or None, busy_s=busy, client_s=client_s))
+                                     sim_times=times or None, busy_s=busy, client_s=client_s, seed=seed,
+                                     clients=[(r, k, a, n) for r, k, a, n, _, _ in clients],
+                                     val_clients=[(r, k, va, nv) for r, k, _, _, va, nv in clients
+                                                  if va is not None]))
         return out
 
 
@@ -424,24 +447,39 @@ def read_comparison_csv(path: str | Path) -> tuple[str, list[dict]]:
     """(report_id, rows) of the report's comparison.csv (pipeline.results.report.write_outputs)."""
     ints = {"rounds", "bytes_total", "bytes_setup", "bytes_training", "bytes_to_target", "bytes_to_target_no_setup"}
     floats = {"maua", "final_acc", "target_acc", "speedup", "speedup_target", "sim_time_s", "time_to_target",
-              "waiting_share"}
+              "waiting_share", "maua_low", "maua_high", "final_low", "final_high", "test_se", "val_maua"}
+    rows = _read_csv(path, COMPARISON_COLUMNS, ints, floats)
+    return ",".join(r["run_id"] for r in rows), rows
+
+
+def read_differences_csv(path: str | Path) -> list[dict]:
+    """The rows of the report's differences.csv (pipeline.results.report.write_outputs); [] without the file
+    (a report from before the paired differences)."""
+    if not Path(path).is_file():
+        return []
+    floats = {"maua_diff", "maua_low", "maua_high", "final_acc_diff", "final_acc_low", "final_acc_high"}
+    return _read_csv(path, DIFFERENCE_COLUMNS, {"seeds"}, floats)
+
+
+def _read_csv(path: str | Path, columns: tuple[str, ...], ints: set[str], floats: set[str]) -> list[dict]:
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
             row = {}
-            for col in COMPARISON_COLUMNS:
+            for col in columns:
                 value = raw.get(col)
                 row[col] = (None if value in (None, "") else int(value) if col in ints
                             else float(value) if col in floats else value)
             rows.append(row)
-    return ",".join(r["run_id"] for r in rows), rows
+    return rows
 
 
-def _insert_comparison(con: duckdb.DuckDBPyConnection, report_id: str, rows: list[dict]) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: tuple[str, ...], report_id: str,
+            rows: list[dict]) -> None:
     if rows:
-        con.executemany(f"INSERT INTO comparison (report_id, {', '.join(COMPARISON_COLUMNS)}) "
-                        f"VALUES ({', '.join('?' * (len(COMPARISON_COLUMNS) + 1))})",
-                        [(report_id, *(r[c] for c in COMPARISON_COLUMNS)) for r in rows])
+        con.executemany(f"INSERT INTO {table} (report_id, {', '.join(columns)}) "
+                        f"VALUES ({', '.join('?' * (len(columns) + 1))})",
+                        [(report_id, *(r.get(c) for c in columns)) for r in rows])
 
 
 def run_files(runs_dir: str | Path) -> list[Path]:
@@ -456,13 +494,13 @@ def experiment_files(experiments_dir: str | Path) -> list[Path]:
 
 def rebuild_index(index: str | Path = paths.RESULTS_DB, runs_dir: str | Path | None = None,
                   comparison: tuple[str, list[dict]] | None = None, report_csv: str | Path | None = None,
-                  lock_timeout_s: float = 60.0) -> Rebuilt:
+                  lock_timeout_s: float = 60.0, differences: list[dict] | None = None) -> Rebuilt:
     """(Re)create the index from every per-run file in runs_dir (default: <index dir>/runs) and every
     experiment's published one (<index dir>/experiments/*/*/run.duckdb, see pipeline.experiments.dvc;
     a file whose run is already in the index, e.g. an experiment applied to the workspace, is skipped).
 
-    The report's comparison table: `comparison` = (report_id, rows) if given, else the rows of
-    report_csv if that file exists. Written to a temporary file and renamed over the index, whose
+    The report's comparison table: `comparison` = (report_id, rows) if given (and its paired
+    `differences`), else the rows of report_csv (and of differences.csv beside it) if that file exists. Written to a temporary file and renamed over the index, whose
     modification time is set to the moment the per-run files were read (so a reader can tell which
     per-run files changed since). A per-run file that cannot be read raises ResultsError and leaves
     the old index as it was. An index from before per-run files (rows the per-run files may not
@@ -474,11 +512,11 @@ def rebuild_index(index: str | Path = paths.RESULTS_DB, runs_dir: str | Path | N
     index = Path(index)
     index.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{index}.lock"):
-        return _rebuild(index, runs_dir, comparison, report_csv, lock_timeout_s)
+        return _rebuild(index, runs_dir, comparison, report_csv, lock_timeout_s, differences or [])
 
 
 def _rebuild(index: Path, runs_dir: str | Path | None, comparison: tuple[str, list[dict]] | None,
-             report_csv: str | Path | None, lock_timeout_s: float) -> Rebuilt:
+             report_csv: str | Path | None, lock_timeout_s: float, diffs: list[dict]) -> Rebuilt:
     runs_dir = Path(runs_dir) if runs_dir is not None else index.parent / paths.RUNS.name
     before, why = _index_state(index)
     out = Rebuilt(index, before=before, why=why)
@@ -507,8 +545,10 @@ def _rebuild(index: Path, runs_dir: str | Path | None, comparison: tuple[str, li
             out.files.append(path)
         if comparison is None and report_csv is not None and Path(report_csv).is_file():
             comparison = read_comparison_csv(report_csv)
+            diffs = read_differences_csv(Path(report_csv).with_name("differences.csv"))
         if comparison is not None:
-            _insert_comparison(con, *comparison)
+            _insert(con, "comparison", COMPARISON_COLUMNS, *comparison)
+            _insert(con, "differences", DIFFERENCE_COLUMNS, comparison[0], diffs)
         out.runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         con.executemany("INSERT INTO index_meta VALUES (?, ?)",
                         [("built_at", time.strftime("%Y-%m-%dT%H:%M:%S%z")), ("runs_dir", str(runs_dir)),

@@ -50,7 +50,7 @@ from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.devices import resolve_device
 from pipeline.errors import ConfigError
-from pipeline.federation.clients import Client, build_clients
+from pipeline.federation.clients import Client, build_clients, on_split
 from pipeline.federation.clock import Clock, RoundPlan, build_clock
 from pipeline.federation.devices import population
 from pipeline.federation.contract import LocalUpdate, Method, ServerContext
@@ -236,10 +236,12 @@ class Simulation:
         for k, (client, direction, kind, peer) in exchange_rows:
             self.ledger.stamp(round_, client, direction, kind, plan.start + plan.times[k].trained, peer)
 
-    def evaluate(self, round_: int) -> tuple[list[tuple[int, float, int]], dict[str, float]]:
-        """Every client on its own test split (a client task, run by the executor); the server half
-        makes the round's (client, acc, n_test) rows and extra metrics of them."""
-        evaluations = self.executor.evaluate(self.local, self.clients, self.server.evaluation(round_))
+    def evaluate(self, round_: int, split: str = "test") -> tuple[list[tuple[int, float, int]], dict[str, float]]:
+        """Every client on its own `split` ("test", or "val" for the validation split defaults are tuned
+        on), a client task run by the executor; the server half makes the round's (client, acc, n) rows
+        and extra metrics of them."""
+        with on_split(self.clients, split):
+            evaluations = self.executor.evaluate(self.local, self.clients, self.server.evaluation(round_))
         return self.server.report(round_, evaluations)
 
 
@@ -311,6 +313,7 @@ class Trainer:
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
+        self.val_history: list[tuple[int, float | None]] = []
 
     @property
     def clients(self) -> list[Client]:
@@ -417,14 +420,21 @@ class Trainer:
         t = self.params.train
         timer = self.timer
         rows: list[tuple[int, float, int]] = []
+        val_rows: list[tuple[int, float, int]] = []
         extras: dict[str, float] = {}
         if round_ % t.eval_every == 0 or round_ == t.rounds:
             with timer("eval"):
                 rows, extras = self.sim.evaluate(round_)
+                val_rows, _ = self.sim.evaluate(round_, "val")
         # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
         extras.update(self._waiting(round_))
         tested = [a for _, a, n in rows if n > 0]
         mean_acc = float(np.mean(tested)) if tested else None
+        validated = [a for _, a, n in val_rows if n > 0]
+        if validated:  # the validation split's mean, a round metric (pipeline.results.store reads it as val_acc)
+            extras["val_acc"] = float(np.mean(validated))
+        val = {k: (a, n) for k, a, n in val_rows}
+        rows = [(k, a, n, *val.get(k, (None, 0))) for k, a, n in rows]
         with timer("db"):
             self.algorithm.end_round(round_)
             ledger = self.ledger
@@ -433,6 +443,7 @@ class Trainer:
                                      time.perf_counter() - start, rows, ledger.timed_rows(round_), extras,
                                      sim_time_s=None if clock is None else clock.now)
         self.history.append((round_, mean_acc))
+        self.val_history.append((round_, extras.get("val_acc")))
         if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
             with timer("checkpoint"):
                 checkpoint.save(self.checkpoint_path, self._state(round_))
@@ -461,6 +472,7 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "ledger": self.ledger.state_dict(),
             "history": list(self.history),
+            "val_history": list(self.val_history),
             "torch_rng": torch.get_rng_state(),
             "clock": None if self.sim.clock is None else self.sim.clock.state_dict(),
             # async: the event queue and every client's update in progress
@@ -476,6 +488,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
+        self.val_history = list(state.get("val_history", []))
         torch.set_rng_state(state["torch_rng"])
         if self.sim.clock is not None:
             self.sim.clock.load_state_dict(state["clock"])
@@ -496,6 +509,8 @@ class Trainer:
             "rounds": self.params.train.rounds,
             "maua": max(a for _, a in evaluated),
             "final_acc": evaluated[-1][1],
+            # the validation split's (defaults are chosen on these, never on the test figures above)
+            **_val_figures(self.val_history),
             "bytes_total": ledger.total(),
             "bytes_setup": ledger.total() - ledger.total(setup=False),
             "bytes_up": ledger.total(direction=UP),
@@ -504,3 +519,9 @@ class Trainer:
             # wall seconds of this process's rounds (set-up round 0 included) and of their parts: where a stage's time goes
             "seconds": {name: round(v, 3) for name, v in sorted(self.seconds.items())},
         }
+
+
+def _val_figures(val_history: list[tuple[int, float | None]]) -> dict:
+    """val_maua and val_final_acc of a run's validation means (None: no validation split)."""
+    values = [a for _, a in val_history if a is not None]
+    return {"val_maua": max(values) if values else None, "val_final_acc": values[-1] if values else None}
