@@ -11,10 +11,10 @@ from prefect import flow, task
 
 from pipeline import paths
 from pipeline.experiments import dvc as experiments
-from pipeline.results.compare import comparison
+from pipeline.results.compare import comparison, differences
 from pipeline.config import Params, load_params
-from pipeline.results.report import (format_paper_table, format_table, plot_accuracy_vs_bytes,
-                                     plot_accuracy_vs_sim_time, write_outputs)
+from pipeline.results.report import (format_differences, format_paper_table, format_table, plot_accuracy_vs_bytes,
+                                     plot_accuracy_vs_sim_time, verdict_line, write_outputs)
 from pipeline.results.store import ResultsDB, rebuild_index
 
 
@@ -36,14 +36,18 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     # each run from its own stage's file (read once, used by the table and the plot)
     runs = [ResultsDB(path).series([summary["run_id"]])[0] for summary, path in gathered]
     rows = comparison(runs, target, baseline=params.report.baseline)
-    rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows))
+    diffs = differences(runs)  # every method against local-only and FedCache, paired by client
+    rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows),
+                            differences=diffs)
     print(rebuilt.message)
-    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset)
+    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs)
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     timed_plot = paths.REPORT_DIR / "accuracy_vs_sim_time.png"
     timed_plot.unlink(missing_ok=True)  # an earlier report's, when these runs have no simulated time
     plot_accuracy_vs_sim_time(runs, timed_plot)  # only when a run has simulated time (devices.enabled)
     print(format_table(rows))
+    if diffs:
+        print(f"\n{verdict_line(diffs)}\n\n{format_differences(diffs)}")
     beside = format_paper_table(rows, params.data.dataset)
     if beside:
         print(f"\nThe FedCache paper (K = 300, all training samples), same dataset, method and setting:\n{beside}")

@@ -20,7 +20,11 @@ the round metrics sim_busy_s / sim_client_s. None (the report shows "—" and wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pipeline.results.intervals import Accuracies, Interval, paired_difference, run_interval
+
+ClientRow = tuple[int, int, float | None, int]  # (round, client, acc, n) of one client's evaluation
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,13 @@ class RunSeries:
     sim_times: dict[int, float] | None = None  # round -> its sim_time_s; None: no simulated clock (devices off)
     busy_s: float | None = None  # the rounds' sim_busy_s summed; None: not recorded
     client_s: float | None = None  # the rounds' sim_client_s summed
+    seed: int | None = None  # params.yaml's seed of the run (None: not known)
+    clients: list[ClientRow] = field(default_factory=list)  # every client's test accuracy at every evaluation
+    val_clients: list[ClientRow] = field(default_factory=list)  # the same on the validation split
+
+    def accuracies(self, split: str = "test") -> Accuracies | None:
+        """Per-client accuracies for intervals (pipeline.results.intervals); None without client rows."""
+        return Accuracies.from_rows(self.clients if split == "test" else self.val_clients)
 
     @property
     def sim_time_s(self) -> float | None:
@@ -110,6 +121,7 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
             "target_acc": target, "bytes_to_target": s.bytes_to_target(target, include_setup),
             "bytes_to_target_no_setup": s.bytes_to_target(target, include_setup=False),
             "sim_time_s": s.sim_time_s, "time_to_target": s.time_to_target(target), "waiting_share": s.waiting_share,
+            **_run_intervals(s),
         })
     for setting in {r["setting"] for r in rows}:
         group = [(r, s) for r, s in zip(rows, series) if r["setting"] == setting]
@@ -141,3 +153,113 @@ def _reference(group: list[tuple[dict, RunSeries]], target: float | None, baseli
     if not reached:
         return None, None
     return max(reached, key=lambda s: s.bytes_to_target(target, include_setup)), target
+
+
+def _run_intervals(s: RunSeries) -> dict:
+    """The run's MAUA and final accuracy with 95% intervals over its clients, the test-sampling standard error,
+    and the validation split's MAUA (what defaults are chosen on). None where the run has no client rows."""
+    acc = s.accuracies()
+    out = {"maua_low": None, "maua_high": None, "final_low": None, "final_high": None, "test_se": None,
+           "n_clients": None, "val_maua": None}
+    if acc is not None:
+        maua, final = run_interval([acc], "maua"), run_interval([acc], "final_acc")
+        out.update(maua_low=maua.low, maua_high=maua.high, final_low=final.low, final_high=final.high,
+                   test_se=acc.test_se, n_clients=len(acc.n))
+    val = s.accuracies("val")
+    if val is not None:
+        out["val_maua"] = float(val.statistic("maua"))
+    return out
+
+
+# -- methods across seeds, and paired differences ------------------------------------------------------------
+
+REFERENCES = ("local", "fedcache")  # every method is compared against these (the headline's pairs)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One method (a label in a setting) over its seeds."""
+
+    name: str
+    algorithm: str
+    setting: str
+    runs: dict[int | None, RunSeries]  # by seed
+
+    def accuracies(self, seeds: list) -> list[Accuracies]:
+        return [self.runs[seed].accuracies() for seed in seeds]
+
+
+def groups(series: list[RunSeries]) -> list[Group]:
+    """The runs by (label, setting), in first-seen order; a second run of the same seed replaces the first."""
+    out: dict[tuple[str, str], Group] = {}
+    for s in series:
+        key = (s.name, s.setting)
+        if key not in out:
+            out[key] = Group(s.name, s.algorithm, s.setting, {})
+        out[key].runs[s.seed] = s
+    return list(out.values())
+
+
+def method_rows(series: list[RunSeries]) -> list[dict]:
+    """One row per method (label and setting): MAUA and final accuracy averaged over its seeds with 95%
+    intervals (pipeline.results.intervals says what each covers), and its mean bytes."""
+    rows = []
+    for g in groups(series):
+        seeds = [k for k, r in g.runs.items() if r.accuracies() is not None]
+        if not seeds:
+            continue
+        accs = g.accuracies(seeds)
+        maua, final = run_interval(accs, "maua"), run_interval(accs, "final_acc")
+        runs = [g.runs[k] for k in seeds]
+        rows.append({"label": g.name, "algorithm": g.algorithm, "setting": g.setting, "seeds": len(seeds),
+                     "maua": maua.estimate, "maua_low": maua.low, "maua_high": maua.high,
+                     "final_acc": final.estimate, "final_low": final.low, "final_high": final.high,
+                     "bytes_total": sum(r.total_bytes for r in runs) / len(runs),
+                     "bytes_training": sum(r.total_bytes - r.setup_bytes for r in runs) / len(runs),
+                     "covers": maua.covers})
+    return rows
+
+
+def _reference_group(gs: list[Group], algorithm: str, setting: str) -> Group | None:
+    """The reference method of a setting: the run named exactly `algorithm` (no knobs), else the first of it."""
+    candidates = [g for g in gs if g.algorithm == algorithm and g.setting == setting]
+    plain = [g for g in candidates if g.name == algorithm]
+    return (plain or candidates or [None])[0]
+
+
+def differences(series: list[RunSeries], references: tuple[str, ...] = REFERENCES) -> list[dict]:
+    """Every method against each reference (local-only, FedCache) of its setting: the paired difference in
+    MAUA and in final accuracy with its 95% interval and the word that follows it ("ahead": the method is
+    ahead of the reference; "behind"; "tied": the interval contains 0). Paired by client within a seed and
+    by seed across seeds, over the seeds both have; a pair whose clients differ (another partition) is
+    left out with the reason in `note`."""
+    gs = groups(series)
+    rows = []
+    for ref_alg in references:
+        for setting in dict.fromkeys(g.setting for g in gs):
+            ref = _reference_group(gs, ref_alg, setting)
+            if ref is None:
+                continue
+            for g in gs:
+                if g is ref or g.setting != setting:
+                    continue
+                seeds = [k for k in g.runs if k in ref.runs and g.runs[k].accuracies() is not None
+                         and ref.runs[k].accuracies() is not None]
+                row = {"label": g.name, "algorithm": g.algorithm, "vs": ref.name, "setting": setting,
+                       "seeds": len(seeds), "note": ""}
+                if not seeds:
+                    rows.append({**row, "note": "no seed in common"})
+                    continue
+                try:
+                    for name in ("maua", "final_acc"):
+                        iv = paired_difference(g.accuracies(seeds), ref.accuracies(seeds), name)
+                        row.update({f"{name}_diff": iv.estimate, f"{name}_low": iv.low, f"{name}_high": iv.high,
+                                    f"{name}_verdict": iv.verdict, "covers": iv.covers})
+                except ValueError as err:
+                    row["note"] = f"not paired: {err}"
+                rows.append(row)
+    return rows
+
+
+def difference_interval(row: dict, name: str = "maua") -> Interval:
+    return Interval(row[f"{name}_diff"], row[f"{name}_low"], row[f"{name}_high"], row.get("covers", ""))

@@ -11,12 +11,15 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline.results.compare import RunSeries  # noqa: E402
+from pipeline.results.compare import RunSeries, difference_interval  # noqa: E402
+from pipeline.results.intervals import Interval, covers, percent  # noqa: E402
+from pipeline.results.store import DIFFERENCE_COLUMNS  # noqa: E402
 
 COLUMNS = ("algorithm", "label", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
            "bytes_training", "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_no_setup",
            "speedup_target", "speedup_vs", "bytes_to_level", "bytes_to_level_no_setup", "sim_time_s", "time_to_target",
-           "time_to_level", "waiting_share", "run_id")
+           "time_to_level", "waiting_share", "maua_low", "maua_high", "final_low", "final_high", "test_se", "n_clients",
+           "val_maua", "run_id")
 
 
 def _name(row: dict) -> str:
@@ -70,6 +73,14 @@ def _waiting(row: dict) -> str:
     return f"{row['waiting_share']:.1%}"
 
 
+def _acc(row: dict, name: str = "maua") -> str:
+    """A run's accuracy with its 95% interval over clients, to the precision the interval supports."""
+    low, high = ("maua_low", "maua_high") if name == "maua" else ("final_low", "final_high")
+    if row.get(low) is None:
+        return f"{row[name]:.2%}"
+    return percent(Interval(row[name], row[low], row[high], ""))
+
+
 def format_table(rows: list[dict]) -> str:
     """Markdown: one row per run; bytes to the target with and without the one-time set-up traffic; when any
     run has simulated time (docs/devices.md), its simulated seconds, the time to the target and the waiting share."""
@@ -77,23 +88,69 @@ def format_table(rows: list[dict]) -> str:
     reach = f"bytes to {target:.0%}" if target is not None else "bytes to target"
     clock = timed(rows)
     times = f" simulated s | time to {target:.0%} |" if target is not None else " simulated s | time to target |"
-    lines = [f"| method | setting | rounds | MAUA | final acc | bytes total | bytes w/o set-up | {reach} | "
+    lines = [f"| method | setting | rounds | MAUA [95% CI] | final acc [95% CI] | bytes total | bytes w/o set-up | {reach} | "
              f"{reach} w/o set-up |{times if clock else ''}{' waiting share |' if clock else ''} speed-up | "
              f"speed-up w/o set-up |",
              "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if clock else "") + "---|---|"]
     for r in rows:
         sim = ("—" if r.get("sim_time_s") is None else f"{r['sim_time_s']:,.1f}")
         extra = f" {sim} | {_time(r)} | {_waiting(r)} |" if clock else ""
-        lines.append(f"| {_shown(r)} | {r['setting']} | {r['rounds']} | {r['maua']:.4f} | {r['final_acc']:.4f} | "
+        lines.append(f"| {_shown(r)} | {r['setting']} | {r['rounds']} | {_acc(r)} | {_acc(r, 'final_acc')} | "
                      f"{r['bytes_total']:,} | {r['bytes_training']:,} | {_bytes(r['bytes_to_target'])} | "
                      f"{_bytes(r['bytes_to_target_no_setup'])} |{extra} {_speedup(r)} | "
                      f"{_speedup(r, 'speedup_no_setup')} |")
+    se = [r["test_se"] for r in rows if r.get("test_se") is not None]
+    if se:
+        lines.append(f"\nIntervals: 95%, over clients ({covers(1)}); the columns are per run, so use the paired "
+                     f"differences below to compare methods. Test-sampling standard error of a final mean client "
+                     f"accuracy (each client's binomial variance on its own test split): "
+                     f"{min(se) * 100:.2f} to {max(se) * 100:.2f} points.")
     if clock:
         lines.append("\nSimulated seconds (docs/devices.md): time to the target is the round's simulated instant when "
                      "the mean accuracy first reaches it; the waiting share is the share of the participants' simulated "
                      "client-seconds after the set-up not spent on an update the server used (idle while others finish "
                      "a sync round, or dropped).")
     return "\n".join(lines)
+
+
+def format_differences(rows: list[dict]) -> str:
+    """Markdown: each method minus each reference (local-only, FedCache), paired, with the word that follows
+    the 95% interval: "ahead" / "behind" only when it excludes 0, else "tied"."""
+    if not rows:
+        return ""
+    lines = ["| method | vs | setting | seeds | MAUA difference, points [95% CI] | MAUA | final acc difference, "
+             "points [95% CI] | final acc |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("maua_diff") is None:
+            lines.append(f"| {r['label']} | {r['vs']} | {r['setting']} | {r['seeds']} | — ({r['note']}) | | | |")
+            continue
+        lines.append(f"| {r['label']} | {r['vs']} | {r['setting']} | {r['seeds']} | "
+                     f"{percent(difference_interval(r), signed=True)} | {r['maua_verdict']} | "
+                     f"{percent(difference_interval(r, 'final_acc'), signed=True)} | {r['final_acc_verdict']} |")
+    how = next((r["covers"] for r in rows if r.get("covers")), "")
+    lines.append(f"\nPaired by client within a seed and by seed across seeds; intervals cover {how}. \"ahead\" or "
+                 "\"behind\" only when the interval excludes 0; otherwise \"tied\".")
+    return "\n".join(lines)
+
+
+def format_methods(rows: list[dict]) -> str:
+    """Markdown: each method over its seeds (MAUA and final accuracy with 95% intervals, mean bytes)."""
+    lines = ["| method | setting | seeds | MAUA [95% CI] | final acc [95% CI] | bytes (mean) | bytes w/o set-up |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['setting']} | {r['seeds']} | {_acc(r)} | {_acc(r, 'final_acc')} | "
+                     f"{r['bytes_total']:,.0f} | {r['bytes_training']:,.0f} |")
+    how = next((r["covers"] for r in rows), "")
+    lines.append(f"\nIntervals: 95%, {how}.")
+    return "\n".join(lines)
+
+
+def verdict_line(rows: list[dict]) -> str:
+    """One line a person reads first: each method against each reference in words that follow the intervals."""
+    parts = [f"{r['label']} {r['maua_verdict']} {'of' if r['maua_verdict'] != 'tied' else 'with'} {r['vs']} "
+             f"({percent(difference_interval(r), signed=True)} points)"
+             for r in rows if r.get("maua_diff") is not None]
+    return "MAUA: " + "; ".join(parts) + "." if parts else ""
 
 
 def format_paper_table(rows: list[dict], dataset: str, figures: list | None = None) -> str:
@@ -112,7 +169,7 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
         if p is None:
             continue
         diff = "—" if p.maua is None else f"{(r['maua'] - p.maua) * 100:+.1f}"
-        lines.append(f"| {_shown(r)} | {r['setting']} | {r['maua']:.2%} | "
+        lines.append(f"| {_shown(r)} | {r['setting']} | {_acc(r)} | "
                      f"{'-' if p.maua is None else f'{p.maua:.2%}'} (Table {p.table}) | {diff} | "
                      f"{_gb(r['bytes_to_level'], r)} | {_gb(r['bytes_to_level_no_setup'], r)} | "
                      f"{'-' if p.comm_gb is None else f'{p.comm_gb:g}'} | {_speedup(r)} | "
@@ -120,20 +177,36 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
                      f"{'-' if p.speedup is None else f'{p.speedup:g}x vs {p.reference}'} |")
     if not lines:
         return ""
-    head = ["| method | setting | MAUA | paper MAUA | difference (points) | GB to the level (with set-up) | "
+    head = ["| method | setting | MAUA [95% CI] | paper MAUA | difference (points) | GB to the level (with set-up) | "
             "GB to the level w/o set-up | paper GB to its target (w/o set-up) | speed-up (with set-up) | "
             "speed-up w/o set-up | paper speed-up (w/o set-up) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + lines)
 
 
-def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None) -> None:
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None,
+                  diffs: list[dict] | None = None) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
-    metrics = {_name(r): {"maua": round(r["maua"], 4), "final_acc": round(r["final_acc"], 4),
-                          "bytes_total": r["bytes_total"], "bytes_setup": r["bytes_setup"], "rounds": r["rounds"]}
-               for r in rows}
+    diffs = diffs or []
+    metrics = {}
+    for r in rows:
+        metrics[_name(r)] = {"maua": round(r["maua"], 4), "final_acc": round(r["final_acc"], 4),
+                             "bytes_total": r["bytes_total"], "bytes_setup": r["bytes_setup"], "rounds": r["rounds"],
+                             "maua_low": _rounded(r.get("maua_low")), "maua_high": _rounded(r.get("maua_high")),
+                             "test_se": _rounded(r.get("test_se")), "val_maua": _rounded(r.get("val_maua"))}
+        for d in diffs:  # the paired differences against the references, with their words
+            if d["label"] == r["label"] and d["setting"] == r["setting"] and d.get("maua_diff") is not None:
+                metrics[_name(r)][f"vs_{d['vs']}"] = {"maua_diff": round(d["maua_diff"], 4),
+                                                      "low": round(d["maua_low"], 4), "high": round(d["maua_high"], 4),
+                                                      "verdict": d["maua_verdict"]}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(metrics, indent=1) + "\n")
     text = format_table(rows) + "\n"
+    if diffs:
+        text += f"\n{verdict_line(diffs)}\n\n{format_differences(diffs)}\n"
     beside = format_paper_table(rows, dataset) if dataset else ""
     if beside:
         text += f"\nThe FedCache paper's figures for the same dataset, method and setting (paper/fedcache_tables.csv; " \
@@ -143,6 +216,10 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    with open(report_dir / "differences.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=DIFFERENCE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(diffs)
 
 
 def plot_accuracy_vs_sim_time(runs: list[RunSeries], path: Path) -> bool:
