@@ -158,17 +158,58 @@ def test_cache_stats_of_an_empty_and_of_a_zero_initialised_cache():
                      "cache_teacher_entropy": pytest.approx(math.log(3), rel=1e-12, abs=0)}
 
 
-def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist):
-    import duckdb
+def _stats_by_hand(relations, latest: dict, round_: int, labels, T: float, C: int) -> dict[str, float]:
+    """KnowledgeCache.stats written out sample by sample in float64: `latest` maps a sample id to (its latest
+    uploaded logits, the round of that upload)."""
+    covered = correct = pairs = 0
+    ages = entropies = 0.0
+    for i, nbrs in enumerate(relations.tolist()):
+        known = [latest[j] for j in nbrs if j in latest]
+        if not known:
+            continue
+        covered += 1
+        pairs += len(known)
+        ages += sum(round_ - r for _, r in known)
+        teacher = [sum(float(logits[c]) for logits, _ in known) / len(known) for c in range(C)]
+        correct += max(range(C), key=lambda c: teacher[c]) == int(labels[i])
+        entropies += _entropy(teacher, T)
+    out = {"cache_coverage": covered / len(relations)}
+    if covered:
+        out.update(cache_staleness=ages / pairs, cache_teacher_acc=correct / covered,
+                   cache_teacher_entropy=entropies / covered)
+    return out
 
-    from conftest import tiny
+
+def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist, monkeypatch):
+    """A real run of 3 rounds, 2 of the 3 clients a round (clients 0 and 1 in round 1, then 1 and 2 twice), so
+    ages differ: every round's four cache metrics in the results file against the cache rebuilt here from the
+    uploads the server received (each sample's latest logits and their round), over the index's relations and
+    the partition's labels, in float64. (With every client in every round the staleness is 0 by definition:
+    the metrics are taken after the round's uploads are folded in.) Fails if an upload is not written to the
+    cache or stamped with another round (e.g. every sample restamped on each write: staleness flat at 0), if the
+    teachers average other neighbours, or if the metrics read the round-start snapshot instead of the cache."""
+    import duckdb
+    import numpy as np
+
+    from conftest import tiny, with_section
     from pipeline import paths
+    from pipeline.methods.fedcache.method import FedCache
     from pipeline.methods.registry import REGISTRY
     from pipeline.results.store import RunResultsDB
     from pipeline.train.engine import Trainer
 
     _, params, part = tiny_workspace
-    params = tiny(params, "fedcache")
+    params = with_section(tiny(params, "fedcache"), "train", rounds=3, participation=0.67)
+    received = []  # (round, sample ids, logits) of every upload the server folded in
+    aggregate = FedCache.aggregate
+
+    def spy(self, round_, uploads):
+        for up in uploads.values():
+            for p in up.payloads:
+                received.append((round_, p.arrays["sample_ids"].clone(), p.arrays["logits"].clone()))
+        return aggregate(self, round_, uploads)
+
+    monkeypatch.setattr(FedCache, "aggregate", spy)
     trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.run_dir("fedcache"),
                       paths.checkpoint_path("fedcache"), RunResultsDB(paths.run_results("fedcache")), [paths.PARTITION])
     summary = trainer.run()
@@ -176,18 +217,21 @@ def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist
     rows = con.execute("SELECT round, name, value FROM round_metrics WHERE run_id = ? AND name LIKE 'cache_%' "
                        "ORDER BY ALL", [summary["run_id"]]).fetchall()
     con.close()
-    metrics = {(r, name): v for r, name, v in rows}
-    names = {"cache_coverage", "cache_staleness", "cache_teacher_acc", "cache_teacher_entropy"}
-    assert {name for r, name in metrics if r == 0} == {"cache_coverage"}  # set-up: nothing cached yet
-    assert metrics[(0, "cache_coverage")] == 0.0
-    for r in (1, 2):
-        assert {name for rr, name in metrics if rr == r} == names
-        assert 0 <= metrics[(r, "cache_coverage")] <= 1
-        assert metrics[(r, "cache_staleness")] >= 0
-        assert 0 <= metrics[(r, "cache_teacher_acc")] <= 1
-        assert 0 <= metrics[(r, "cache_teacher_entropy")] <= math.log(part.num_classes) + 1e-9
-    # every client trains every round, so every sample's knowledge is this round's
-    assert metrics[(2, "cache_coverage")] == 1.0 and metrics[(2, "cache_staleness")] == 0.0
+    metrics = {r: {name: v for rr, name, v in rows if rr == r} for r in range(4)}
+    assert sorted({r for r, _, _ in rows}) == [0, 1, 2, 3]
+    assert metrics[0] == {"cache_coverage": 0.0}  # set-up: nothing cached yet
+    owners = {r: sorted({int(part.train_client()[int(ids[0])]) for rr, ids, _ in received if rr == r})
+              for r in (1, 2, 3)}
+    assert owners == {1: [0, 1], 2: [1, 2], 3: [1, 2]}  # the seeded draws the docstring counts on
+    relations, labels = np.load(paths.RELATIONS), part.train_labels
+    latest: dict[int, tuple] = {}
+    for r in (1, 2, 3):
+        for rr, ids, logits in received:
+            if rr == r:
+                latest.update({int(i): (row, r) for i, row in zip(ids.tolist(), logits.double())})
+        expected = _stats_by_hand(relations, latest, r, labels, params.fedcache.T, part.num_classes)
+        assert metrics[r] == {k: pytest.approx(v, rel=1e-12, abs=1e-15) for k, v in expected.items()}, r
+    assert metrics[2]["cache_staleness"] > 0 and metrics[3]["cache_staleness"] > metrics[2]["cache_staleness"]
     # the teacher accuracy is the clients' teachers (fetch) against the labels of the set-up upload
     server = trainer.algorithm
     server.cache.begin_round()  # fetch() under `round` reads the snapshot: take it of the final cache
@@ -195,4 +239,5 @@ def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist
     labels = torch.from_numpy(part.train_labels)
     assert torch.equal(server.labels, labels)
     assert torch.equal(server.state_dict()["labels"], labels)  # kept in the checkpoint for a resumed run
-    assert metrics[(2, "cache_teacher_acc")] == pytest.approx((teachers.argmax(1) == labels).double().mean().item())
+    has = ~torch.isnan(teachers[:, 0])
+    assert metrics[3]["cache_teacher_acc"] == pytest.approx((teachers[has].argmax(1) == labels[has]).double().mean().item())
