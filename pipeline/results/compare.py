@@ -241,8 +241,9 @@ def differences(series: list[RunSeries], references: tuple[str, ...] = REFERENCE
             if ref is None:
                 continue
             for g in gs:
-                if g is ref or g.setting != setting:
-                    continue
+                if g is ref or g.setting != setting or any(r["label"] == ref.name and r["vs"] == g.name
+                                                           and r["setting"] == setting for r in rows):
+                    continue  # itself, another setting, or the mirror of a pair already listed
                 seeds = [k for k in g.runs if k in ref.runs and g.runs[k].accuracies() is not None
                          and ref.runs[k].accuracies() is not None]
                 row = {"label": g.name, "algorithm": g.algorithm, "vs": ref.name, "setting": setting,

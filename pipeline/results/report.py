@@ -147,7 +147,8 @@ def format_methods(rows: list[dict]) -> str:
 
 def verdict_line(rows: list[dict]) -> str:
     """One line a person reads first: each method against each reference in words that follow the intervals."""
-    parts = [f"{r['label']} {r['maua_verdict']} {'of' if r['maua_verdict'] != 'tied' else 'with'} {r['vs']} "
+    words = {"ahead": "ahead of", "behind": "behind", "tied": "tied with"}
+    parts = [f"{r['label']} {words[r['maua_verdict']]} {r['vs']} "
              f"({percent(difference_interval(r), signed=True)} points)"
              for r in rows if r.get("maua_diff") is not None]
     return "MAUA: " + "; ".join(parts) + "." if parts else ""
