@@ -247,6 +247,31 @@ def test_a_download_cut_short_by_the_connection_dropping_is_neither_counted_nor_
     assert {r[1] for r in rows["comm"] if r[2] == "down"} == {0, 1}  # the others' downloads are counted
 
 
+def test_a_drop_is_logged_at_the_instant_the_connection_drops_in_the_span_it_falls_in(tiny_workspace, mnist,
+                                                                                     tmp_path):
+    """Issue 36: FedAvg on equal devices, spans of 4 s. Client 0 goes offline at 4.5 s, during its first upload
+    (trained at 3.38 s, it would arrive at 5.83 s); client 1 at 3.0 s, during its first training (3.14 s). Each
+    drop is logged at that instant, in the span it falls in (span 2 for client 0, not span 1 where it trained),
+    and the log stays in the queue's order. Client 1's device trains on offline (its model keeps that) and it
+    starts again when online."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(_on_trace(params, tmp_path, part, async_eval_s=4.0), part, mnist, "drops", "fedavg")
+    going_offline(trainer, 0, 4.5, 6.0)
+    going_offline(trainer, 1, 3.0, 6.5)
+    trainer.run()
+    events, loop = _events("drops"), trainer.async_loop
+    drops = {e["client"]: (e["t"], e["span"]) for e in events if e["event"] == "dropped"}
+    assert drops == {0: (4.5, 2), 1: (3.0, 1)}
+    keys = [(e["t"], RANK[e["event"]], e["client"]) for e in events]
+    assert keys == sorted(keys)
+    assert all(loop.span_end(e["span"] - 1) <= e["t"] <= loop.span_end(e["span"]) for e in events)
+    assert [e["event"] for e in events if e["client"] == 1][:5] == ["start", "downloaded", "dropped", "trained",
+                                                                     "start"]
+    assert [e["t"] for e in events if e["client"] == 1][4] == 6.5
+    rows = _rows("drops")
+    assert not [r for r in rows["comm"] if r[1] in (0, 1) and r[2] == "up"]  # neither upload arrived
+
+
 def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     # FedAsync with a buffer of 2 and spans that end mid-update: the checkpoint holds the buffer, downloads and
@@ -274,3 +299,36 @@ def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace
     for n, t in straight.algorithm.global_state.items():
         assert torch.equal(resumed.algorithm.global_state[n], t), n
     assert resumed.algorithm.version == straight.algorithm.version > 0
+
+
+def test_a_resumed_async_run_with_lost_updates_in_flight_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist,
+                                                                                              tmp_path):
+    """Spans of 3.1 s on the devices of the test above: at span 1's end client 1's lost update is still training
+    offline (dropped at 3.0 s, trained at 3.14 s) and client 0's upload is about to be cut (4.5 s); the checkpoint
+    holds both, and the resumed run logs and counts what the uninterrupted one does."""
+    _, params, part = tiny_workspace
+    params = with_section(_on_trace(params, tmp_path, part, async_eval_s=3.1), "train", rounds=3, checkpoint_every=1)
+
+    def trainer(run):
+        t = _trainer(params, part, mnist, run, "fedavg")
+        going_offline(t, 0, 4.5, 6.0)
+        going_offline(t, 1, 3.0, 6.5)
+        return t
+
+    straight = trainer("straight")
+    straight.start()
+    straight.run_round(1)
+    assert straight.async_loop.updates[1].offline_trained is not None
+    shutil.copytree(paths.RUNS / "straight", paths.RUNS / "resumed")
+    shutil.copy(paths.CHECKPOINTS / "straight.pt", paths.CHECKPOINTS / "resumed.pt")
+    for r in (2, 3):
+        straight.run_round(r)
+    straight.finish()
+    resumed = trainer("resumed")
+    assert resumed.start() == 2
+    for r in (2, 3):
+        resumed.run_round(r)
+    resumed.finish()
+    events = _events("straight")
+    assert _events("resumed") == events and _rows("resumed") == _rows("straight")
+    assert [(e["client"], e["span"]) for e in events if e["event"] == "dropped"] == [(1, 1), (0, 2)]

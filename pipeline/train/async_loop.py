@@ -11,6 +11,10 @@ A client runs one local update after another, each in four events on the simulat
   arrived     the upload's bytes / its uplink later: counted, and folded in by the server half
               (`Method.arrive`); the client's next update starts at this same instant.
 
+or, when the device goes offline before the upload arrives, `dropped` at the instant it goes offline (queued
+like the others, so it is logged in the span it falls in, in the queue's order); after a drop during the
+training, the device's `trained` still comes at its own instant (the model keeps it), without an upload.
+
 So a client's cadence depends on its own device and bytes only: a client 10x slower than the others delays
 nobody. A client whose device goes offline before its upload arrives is dropped from that update, as under
 sync, and starts again when it is next online: offline before its download completes, it never got the
@@ -18,8 +22,8 @@ download (not counted, not trained on); offline later, it downloaded and trained
 trained), and its upload is neither counted nor folded in.
 
 What happens next is decided by a priority queue of (instant, event, client): the earliest instant first; at
-one instant arrivals before downloads before training before starts (an upload that arrives at the instant
-another client starts is in that client's download), then by client id. Each client has exactly one event
+one instant arrivals before downloads before training before starts before drops (an upload that arrives at
+the instant another client starts is in that client's download), then by client id. Each client has exactly one event
 in the queue, so the order is a function of the seeds alone.
 
 There are no rounds: a "round" is a span of simulated time, `train.async_eval_s` seconds (null: the median
@@ -69,6 +73,8 @@ class Update:
     start: float = 0.0
     download: list[Payload] = field(default_factory=list)  # from start until trained
     upload: Upload | None = None  # from trained until arrived
+    # the connection dropped during its training: when the device, offline, finishes it (the update is lost)
+    offline_trained: float | None = None
 
 
 def _payload_state(p: Payload) -> dict:
@@ -140,9 +146,11 @@ class AsyncLoop:
         while self.queue and self.queue[0][0] <= end:
             t, rank, k = heapq.heappop(self.queue)
             handlers[ORDER[rank]](r, t, k, timer)
-        # updates still under way (a queued event other than a start): busy up to the span's end
+        # updates still under way (a queued event other than a start, or than the training a device goes on with
+        # offline after its update was dropped): busy up to the span's end
         self.busy_s += sum(end - max(self.updates[k].start, end - self.span_s)
-                           for _, rank, k in self.queue if ORDER[rank] != START)
+                           for _, rank, k in self.queue if ORDER[rank] != START
+                           and not (ORDER[rank] == TRAINED and self.updates[k].offline_trained is not None))
         self.clock.now = end
         self._write_log()
 
@@ -176,7 +184,13 @@ class AsyncLoop:
                 ledger.stamp(r, p.sender, UP, p.kind, t, peer=k)
         self._log(r, t, k, DOWNLOADED)
         samples = self.sim.samples_trained(self.sim.clients[k], u.number)
-        self._push(t + self.clock.client_time(k, samples, 0, 0).compute_s, TRAINED, k)
+        trained = t + self.clock.client_time(k, samples, 0, 0).compute_s
+        offline = self.clock.devices[k].online_until(u.start)
+        if offline < trained:  # the connection drops during the training: the update is dropped then
+            u.offline_trained = trained  # (the device trains on, offline: its model keeps it)
+            self._push(offline, DROPPED, k)
+            return
+        self._push(trained, TRAINED, k)
 
     def _trained(self, r: int, t: float, k: int, timer: Timer) -> None:
         u, client, device = self.updates[k], self.sim.clients[k], self.clock.devices[k]
@@ -186,14 +200,14 @@ class AsyncLoop:
             upload = SequentialExecutor.run_client(self.sim.local, client, u.download, u.number)
         u.download = []
         self._log(r, t, k, TRAINED)
+        if u.offline_trained is not None:  # dropped during the training: its upload never goes
+            u.offline_trained = None
+            self._push(t, START, k)  # it starts again when it is next online
+            return
         arrival = t + _nbytes(upload.payloads) / device.up_bytes_per_s
-        offline = device.online_until(u.start)
-        if offline < arrival:  # the connection drops first: the upload never arrives
-            at = max(offline, t)
-            # its work was wasted: take back what earlier spans counted as busy (this span counts none of it)
-            self.busy_s -= max(0.0, self.span_end(r - 1) - u.start)
-            self._log(r, at, k, DROPPED)
-            self._push(at, START, k)  # offline then: it starts again when it is next online
+        offline = device.online_until(u.start)  # not before t: a drop during the training was queued at the download
+        if offline < arrival:  # the connection drops during the upload: the update is dropped then
+            self._push(offline, DROPPED, k)
             return
         u.upload = upload
         self._push(arrival, ARRIVED, k)
@@ -211,12 +225,18 @@ class AsyncLoop:
         self._push(t, START, k)  # the next update starts at once (when online)
 
     def _dropped(self, r: int, t: float, k: int, timer: Timer) -> None:
-        """The device went offline at t, before the update's download completed: the update is lost (nothing was
-        counted or trained); the client starts again when it is next online."""
+        """The device went offline at t, before the update's upload arrived: the update is lost. During its download:
+        nothing was counted or trained. During its training: the device trains on, offline (its `trained` event comes
+        at its own instant, without an upload). During its upload: the upload is not counted. The client starts
+        again when it is next online (after its training, when that is still going on)."""
+        u = self.updates[k]
         # its time was wasted: take back what earlier spans counted as busy (this span counts none of it)
-        self.busy_s -= max(0.0, self.span_end(r - 1) - self.updates[k].start)
+        self.busy_s -= max(0.0, self.span_end(r - 1) - u.start)
         self._log(r, t, k, DROPPED)
-        self._push(t, START, k)  # offline now: it starts when it is next online
+        if u.offline_trained is not None:
+            self._push(u.offline_trained, TRAINED, k)
+        else:
+            self._push(t, START, k)  # offline now: it starts when it is next online
 
     # -- queue, log, checkpoint ------------------------------------------------------------------------
 
@@ -258,7 +278,7 @@ class AsyncLoop:
 
     def state_dict(self) -> dict:
         return {"t0": self.t0, "span_s": self.span_s, "queue": sorted(self.queue),
-                "updates": [{"number": u.number, "start": u.start,
+                "updates": [{"number": u.number, "start": u.start, "offline_trained": u.offline_trained,
                              "download": [_payload_state(p) for p in u.download],
                              "upload": None if u.upload is None else {
                                  "payloads": [_payload_state(p) for p in u.upload.payloads], "kept": dict(u.upload.kept)}}
@@ -270,6 +290,7 @@ class AsyncLoop:
         heapq.heapify(self.queue)
         self.updates = [Update(int(u["number"]), float(u["start"]), [_payload(p) for p in u["download"]],
                                None if u["upload"] is None else Upload([_payload(p) for p in u["upload"]["payloads"]],
-                                                                        dict(u["upload"]["kept"])))
+                                                                        dict(u["upload"]["kept"])),
+                               None if u.get("offline_trained") is None else float(u["offline_trained"]))
                         for u in state["updates"]]
         self.log = []
