@@ -20,7 +20,7 @@ DASHBOARD_HOST ?= 127.0.0.1
 DASHBOARD_PORT ?= 8501
 DASHBOARD_ARGS ?=  # e.g. --results-db other.duckdb --refresh 2 (see dashboard/config.py)
 
-.PHONY: setup venv dataset browser run test test-fast serve server worker dashboard clean
+.PHONY: setup venv dataset browser run compare test test-fast serve server worker dashboard clean
 
 setup: venv dataset
 
@@ -63,6 +63,11 @@ browser:
 run: setup
 	$(BIN)/dvc repro
 	$(BIN)/python -m flows.summary
+
+# The 3-seed comparison of params.yaml's methods (presets/compare.yaml): one queued DVC experiment per seed,
+# then each method over the seeds with 95% intervals and the paired differences against local-only and FedCache.
+compare: setup
+	$(BIN)/python -m pipeline.experiments.presets run compare
 
 # The whole suite: the unit tier and the end-to-end tier (DVC, Prefect, sweeps, remote runs, the browser),
 # on TEST_WORKERS pytest-xdist workers that steal tests from each other so that they finish together

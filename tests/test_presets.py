@@ -111,7 +111,7 @@ def test_the_table_of_a_preset_of_experiments_without_runs_and_a_bad_target():
     bad = run("table", "stragglers", "--target", "2")
     assert bad.returncode == 2 and "--target 2.0: expected a mean accuracy in (0, 1]" in bad.stderr
     plain = run("table", "fedcache_paper")
-    assert plain.returncode == 2 and "no `experiments:` section" in plain.stderr
+    assert plain.returncode == 2 and "no `experiments:` or `seeds:` section" in plain.stderr
 
 
 def test_the_table_of_a_preset_of_experiments_names_each_run_by_its_schedule(tmp_path, monkeypatch):
@@ -145,3 +145,58 @@ def test_both_clis_refuse_jobs_below_one_before_queueing_anything(cli, name):
                           capture_output=True, text=True)
     assert done.returncode == 2 and "--jobs 0: expected at least 1" in done.stderr
     assert "dvc" not in done.stdout  # no queue command was printed, so none ran
+
+
+def test_the_compare_preset_is_every_peer_method_on_three_seeds():
+    """Fails if `seeds:` does not become one experiment per seed with that root seed (and the preset's methods)."""
+    planned = presets.plan("compare", [], REPO_ROOT / "params.yaml", PRESETS)
+    assert [p.name for p in planned] == ["compare-s0", "compare-s1", "compare-s2"]
+    assert [p.settings["seed"] for p in planned] == [0, 1, 2]
+    assert all(p.settings["train.algorithms"] == ["fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt"]
+               for p in planned)
+
+
+def test_seeds_times_experiments_and_a_bad_seed_list(tmp_path):
+    params = REPO_ROOT / "params.yaml"
+    (tmp_path / "both.yaml").write_text("seeds: [3, 5]\nexperiments:\n  a:\n    train: {rounds: 2}\n"
+                                        "  b:\n    train: {rounds: 3}\n")
+    planned = presets.plan("both", [], params, tmp_path)
+    assert [(p.name, p.settings["seed"], p.settings["train.rounds"]) for p in planned] == [
+        ("both-a-s3", 3, 2), ("both-a-s5", 5, 2), ("both-b-s3", 3, 3), ("both-b-s5", 5, 3)]
+    for bad in ("[0, 0]", "[-1]", "[]", "zero", "[1.5]"):
+        (tmp_path / "bad.yaml").write_text(f"seeds: {bad}\n")
+        with pytest.raises(ConfigError, match=r"bad\.yaml: seeds: expected a list of distinct non-negative integers"):
+            presets.plan("bad", [], params, tmp_path)
+
+
+def _published(tmp_path, exp: str, algorithm: str, seed: int, accs) -> None:
+    """A published run of `algorithm` in experiment `exp`: every client's accuracy per round from `accs` [K, R]."""
+    import json
+
+    from pipeline.results.store import RunResultsDB
+
+    folder = tmp_path / "results" / "experiments" / exp / algorithm
+    db, run_id = RunResultsDB(folder / "run.duckdb"), f"{algorithm}-{exp}"
+    db.start_run(run_id, algorithm, "fashion_mnist", "homo", {"seed": seed}, "test", label=algorithm)
+    for r in range(accs.shape[1]):
+        rows = [(k, float(accs[k, r]), 100) for k in range(accs.shape[0])]
+        db.write_round(run_id, r + 1, float(accs[:, r].mean()), 10, 10, 0.1, rows, [])
+    (folder / "summary.json").write_text(json.dumps({"run_id": run_id}))
+
+
+def test_the_table_of_a_seeded_preset_reports_over_seeds_with_paired_words(tmp_path, monkeypatch):
+    """Fails if runs of three seeds are not pooled per method (t interval over seeds) or their paired difference
+    is worded against its interval: fedcache is 2 points ahead of local on every client of every seed."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "three.yaml").write_text("seeds: [0, 1, 2]\n")
+    planned = presets.plan("three", [], REPO_ROOT / "params.yaml", tmp_path)
+    for seed, exp in enumerate(p.name for p in planned):
+        base = np.random.default_rng(seed).uniform(0.4, 0.8, (6, 3))
+        _published(tmp_path, exp, "local", seed, base)
+        _published(tmp_path, exp, "fedcache", seed, base + 0.02)
+    table = presets.published_table(planned, REPO_ROOT / "params.yaml", target=0.65)
+    assert "| fedcache | homo | 3 |" in table and "3 seeds (t interval over seeds" in table
+    assert "| fedcache | local | homo | 3 | +2.00 [+2.00, +2.00] | ahead |" in table
+    assert "MAUA: fedcache ahead of local" in table

@@ -74,6 +74,7 @@ PLAN: list[tuple[str, str, str]] = [
      "tests/test_presets.py checks their params, tests/test_dvc_pipeline.py the queue on a tiny sweep"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets table \S+( --target \S+)?", "run",
      "prints a preset's published runs (none in the built copy)"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets run compare", "excluded", "what make compare runs (below)"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run \S+", "shrunk", "a preset at the paper's scale"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets (list|show \S+)", "run", ""),
     (r"\.venv/bin/python -m pipeline\.experiments\.sweeps (list|show \S+)", "run", ""),
@@ -85,6 +86,9 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/python -m dashboard\.sample_data \S+", "tmpdir", "writes to the directory it is given"),
     (r"(nice -n \d+ )?\.venv/bin/python bench/\S+\.py( .*)?", "help", "benchmarks of minutes (figures in the README)"),
     (r"make clean", "run", ""),
+    (r"make compare", "excluded", "three queued DVC experiments of every peer method at the default scale (about "
+     "half an hour on 2 cores): tests/test_presets.py checks the preset's seeds and its table over seeds, "
+     "tests/test_dvc_pipeline.py the queue on a tiny sweep"),
     (r"make test", "excluded", "runs the whole suite, this test included (CI runs it: .ci/run)"),
     (r"make test-fast", "excluded", "runs the unit tier of the suite this test is part of"),
     (r"make (server|worker)", "excluded", "a Prefect server / worker running until stopped; tests/test_remote_runs.py "

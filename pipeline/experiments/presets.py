@@ -20,6 +20,10 @@ experiment per entry, named <preset>-<entry>, and runs the queue (`--jobs` at a 
 (pipeline/experiments/sweeps.py: each experiment's runs are published to results/experiments/<name>/ and
 the results index); it ends by printing one comparison table over every experiment's runs, which a
 run's label (its schedule, its knobs) tells apart.
+
+A preset may also list `seeds:` (e.g. `seeds: [0, 1, 2]`, presets/compare.yaml): every experiment then
+runs once per root seed, as <preset>[-<entry>]-s<seed>, and the table gives each method over its seeds with
+95% intervals and the paired differences against local-only and FedCache (pipeline.results.compare).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ def available(presets_dir: Path = PRESETS_DIR) -> list[str]:
 
 
 EXPERIMENTS = "experiments"  # a preset's key for several experiments (module doc); not a params.yaml section
+SEEDS = "seeds"  # a preset's key: run every experiment on each of these root seeds (module doc)
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a part of a DVC experiment's name (a git ref)
 
 
@@ -85,13 +90,30 @@ def experiments(path: Path) -> dict[str, dict[str, object]]:
     return out
 
 
+def seeds(path: Path) -> list[int]:
+    """The preset's `seeds:` (root seeds to run every experiment on); [] for a preset without it."""
+    value = _read(path).get(SEEDS)
+    if value is None:
+        return []
+    if (not isinstance(value, list) or not value or any(type(v) is not int or v < 0 for v in value)
+            or len(set(value)) != len(value)):
+        raise ConfigError(f"{path}: {SEEDS}: expected a list of distinct non-negative integers, e.g. {SEEDS}: [0, 1, 2]")
+    return value
+
+
 def overrides(path: Path) -> dict[str, object]:
-    """The preset's keys as {"section.key": value}, in file order (`experiments:` left out: see experiments)."""
+    """The preset's keys as {"section.key": value}, in file order (`experiments:` and `seeds:` left out: see
+    experiments and seeds)."""
     raw = _read(path)
-    common = {k: v for k, v in raw.items() if k != EXPERIMENTS}
-    if not common and EXPERIMENTS not in raw:
+    common = {k: v for k, v in raw.items() if k not in (EXPERIMENTS, SEEDS)}
+    if not common and EXPERIMENTS not in raw and SEEDS not in raw:
         raise ConfigError(f"{path}: expected a mapping of params.yaml keys to change")
     return _flat(common)
+
+
+def several(path: Path) -> bool:
+    """Whether the preset runs as several queued experiments (`experiments:` or `seeds:`)."""
+    return bool(experiments(path) or seeds(path))
 
 
 def _flat(raw: dict) -> dict[str, object]:
@@ -117,29 +139,33 @@ def check(name: str, params_file: Path = Path("params.yaml"), presets_dir: Path 
     load_params(params_file)  # params.yaml itself first: its own errors name it
     base = yaml.safe_load(Path(params_file).read_text())
     parse_params(apply(base, flat, str(path)), f"{params_file} with preset {path}")
-    if experiments(path):
+    if several(path):
         plan(name, [], params_file, presets_dir)
     return flat
 
 
 def plan(name: str, extra: list[str] = (), params_file: Path = Path("params.yaml"),
          presets_dir: Path = PRESETS_DIR) -> list:
-    """A preset with `experiments:`: one sweeps.Planned per entry, named <preset>-<entry>, its settings the
-    preset's keys, then the entry's, then `extra` (-S key=value), each checked against params.yaml."""
+    """A preset with `experiments:` or `seeds:`: one sweeps.Planned per entry and seed, named <preset>-<entry>
+    (<preset>-<entry>-s<seed> with seeds; <preset>-s<seed> for seeds alone), its settings the preset's keys,
+    then the entry's, then the seed, then `extra` (-S key=value), each checked against params.yaml."""
     from pipeline.experiments.sweeps import Planned, parse_extra
 
     path = preset_path(name, presets_dir)
-    common, entries = overrides(path), experiments(path)
-    if not entries:
-        raise ConfigError(f"{path}: no `{EXPERIMENTS}:` section (a preset without one runs as one experiment)")
+    common, entries, roots = overrides(path), experiments(path), seeds(path)
+    if not entries and not roots:
+        raise ConfigError(f"{path}: no `{EXPERIMENTS}:` or `{SEEDS}:` section (a preset without them runs as one "
+                          "experiment)")
     load_params(params_file)
     base = yaml.safe_load(Path(params_file).read_text())
     out = []
-    for entry, own in entries.items():
-        settings = {**common, **own, **parse_extra(list(extra))}
-        parse_params(apply(base, settings, f"{path} ({EXPERIMENTS}.{entry})"),
-                     f"{params_file} with preset {path}, experiment {entry}")
-        out.append(Planned(f"{name}-{entry}", "experiment", entry, settings))
+    for entry, own in (entries or {"": {}}).items():
+        for seed in roots or [None]:
+            settings = {**common, **own, **({} if seed is None else {"seed": seed}), **parse_extra(list(extra))}
+            exp = "-".join(part for part in (name, entry, None if seed is None else f"s{seed}") if part)
+            parse_params(apply(base, settings, f"{path} ({EXPERIMENTS}.{entry})" if entry else str(path)),
+                         f"{params_file} with preset {path}, experiment {exp.removeprefix(f'{name}-')}")
+            out.append(Planned(exp, "experiment", exp.removeprefix(f"{name}-"), settings))
     return out
 
 
@@ -148,8 +174,8 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     published to results/experiments/<name>/; each run is named by its label (its schedule included).
     target: the accuracy for bytes and time to target (None: the preset's report.target_acc for its dataset)."""
     from pipeline.experiments.dvc import EXPERIMENTS as PUBLISHED
-    from pipeline.results.compare import comparison
-    from pipeline.results.report import format_table
+    from pipeline.results.compare import comparison, differences, method_rows
+    from pipeline.results.report import format_differences, format_methods, format_table, verdict_line
     from pipeline.results.store import ResultsDB
 
     base = yaml.safe_load(Path(params_file).read_text())
@@ -162,8 +188,11 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
         return "no published runs"
     params = parse_params(apply(base, planned[0].settings, "preset"))
     target = params.report.target_acc.get(params.data.dataset) if target is None else target
-    rows = comparison(series, target, baseline=params.report.baseline)
-    return format_table(rows)
+    diffs = differences(series)
+    tail = f"\n\n{verdict_line(diffs)}\n\n{format_differences(diffs)}" if diffs else ""
+    if len({s.seed for s in series}) > 1:  # several seeds: each method over its seeds, then the paired differences
+        return f"{format_methods(method_rows(series))}{tail}"
+    return f"{format_table(comparison(series, target, baseline=params.report.baseline))}{tail}"
 
 
 def dvc_command(name: str, extra: list[str], queue: bool = False, params_file: Path = Path("params.yaml"),
@@ -203,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--target {args.target}: expected a mean accuracy in (0, 1], e.g. --target 0.65")
             print(published_table(plan(args.name), target=args.target))
             return 0
-        if args.command in ("show", "run") and experiments(preset_path(args.name)):
+        if args.command in ("show", "run") and several(preset_path(args.name)):
             return _several(args)
         if args.command == "show":
             print("\n".join(flags(check(args.name))))
