@@ -1,0 +1,182 @@
+"""Defaults chosen by running, decided on the validation split (never on test), and docs/choices.md from them.
+
+    .venv/bin/python bench/choices.py list                           # the choices and their candidates
+    .venv/bin/python bench/choices.py run fedcache_consistency       # every candidate on seeds 0 1 2
+    .venv/bin/python bench/choices.py run pfedme_personal_lr --seeds 0 1 2
+    .venv/bin/python bench/choices.py docs                           # docs/choices.md from the result files
+
+`run` prepares bench/.work/choices/<choice>/seed<s>/ per seed (params.yaml with the choice's setting and
+the seed; the partition, encode and index stages run there through their CLIs), then trains the method
+in-process once per candidate on the same partition, cache and initial weights, and records each run's
+validation MAUA and final validation accuracy (the mean over clients of each client's accuracy on its own
+validation split: training samples no client trains on). The test split is not read: the runs shrink it
+to `partition.test_fraction` 0.05 to save evaluation time. It writes bench/results/choices/<choice>.json
+(every run, the machine, the date, the command). The pick: the candidate with the highest mean validation
+MAUA over the seeds; every other candidate's paired difference to it (by seed; a t interval over 3 or
+more seeds) says whether it is behind or tied, and docs/choices.md says when the pick is only tied.
+
+`docs` writes docs/choices.md from every result file, so the figures there are never typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from workspace import ROOT, deep_merge, fresh_trainer, load_workspace, prepare_workspace
+
+RESULTS = ROOT / "bench" / "results" / "choices"
+DOCS = ROOT / "docs" / "choices.md"
+VALIDATION_ONLY = {"partition": {"test_fraction": 0.05}}  # the test split is not read: keep its evaluation cheap
+
+# name -> what is chosen, among what, in which setting (a partial params.yaml), and why that setting
+CHOICES: dict[str, dict] = {
+    "fedcache_consistency": {
+        "method": "fedcache", "key": "fedcache.consistency", "candidates": ["live", "step", "round"],
+        "default": "step", "setting": {},
+        "where": "params.yaml's default (make run's scale: K = 20 x 100 FashionMNIST samples, ResNet-8, 7 rounds)",
+        "why": "the default make run uses; the paper presets keep the official code's `live` order (the paper's)",
+    },
+    "pfedme_personal_lr": {
+        "method": "pfedme", "key": "pfedme.personal_lr", "candidates": [0.01, 0.03, 0.09],
+        "default": 0.01,
+        "setting": {"train": {"model": "resnet20", "fresh_optimizer": True, "rounds": 5, "algorithms": ["pfedme"]}},
+        "where": "table5_scaled's protocol (ResNet-20, a fresh optimizer every round) at K = 20 x 100 samples, "
+                 "5 rounds (the preset's 30 x 200 x 10 rounds would take hours per seed)",
+        "why": "pFedMe runs in the Table 5 presets (its personal learning rate; the official README gives 0.09 for "
+               "its MLP and 0.01 for its CNN)",
+    },
+}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _set(params, key: str, value):
+    section, name = key.split(".")
+    part = getattr(params, section)
+    field = next(f for f, info in type(part).model_fields.items() if (info.alias or f) == name)
+    return params.model_copy(update={section: part.model_copy(update={field: value})})
+
+
+def run(name: str, seeds: list[int]) -> dict:
+    choice = CHOICES[name]
+    runs = []
+    for seed in seeds:
+        overrides = deep_merge(deep_merge(choice["setting"], VALIDATION_ONLY), {"seed": seed})
+        work = prepare_workspace(f"choices/{name}/seed{seed}", overrides, ("partition", "encode", "index"))
+        base, part, ds = load_workspace(work)
+        for value in choice["candidates"]:
+            params = _set(base, choice["key"], value)
+            start = time.perf_counter()
+            summary = fresh_trainer(params, choice["method"], part, ds, run_name=f"{name}-{value}").run()
+            wall = time.perf_counter() - start
+            runs.append({"candidate": value, "seed": seed, "val_maua": summary["val_maua"],
+                         "val_final_acc": summary["val_final_acc"], "wall_s": round(wall, 1)})
+            print(f"seed {seed} {choice['key']}={value}: validation MAUA {summary['val_maua']:.4f}, final "
+                  f"{summary['val_final_acc']:.4f} ({wall:.0f} s)", flush=True)
+    result = {"choice": name, **{k: choice[k] for k in ("method", "key", "candidates", "default", "where", "why")},
+              "setting": choice["setting"], "seeds": seeds, "runs": runs, "cpu": cpu_model(),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+              "command": f".venv/bin/python bench/choices.py run {name} --seeds {' '.join(map(str, seeds))}"}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def decide(result: dict) -> tuple[object, list[dict]]:
+    """(the picked candidate, one row per candidate: mean validation MAUA and the paired difference to the pick)."""
+    from pipeline.results.intervals import covers, percent
+
+    by = {c: {r["seed"]: r for r in result["runs"] if r["candidate"] == c} for c in result["candidates"]}
+    seeds = result["seeds"]
+    mean = {c: sum(by[c][s]["val_maua"] for s in seeds) / len(seeds) for c in result["candidates"]}
+    picked = max(result["candidates"], key=lambda c: mean[c])
+    rows = []
+    for c in result["candidates"]:
+        diffs = [by[c][s]["val_maua"] - by[picked][s]["val_maua"] for s in seeds]
+        iv = _t(diffs) if c != picked and len(seeds) >= 3 else None
+        rows.append({"candidate": c, "per_seed": [by[c][s]["val_maua"] for s in seeds], "mean": mean[c],
+                     "final": sum(by[c][s]["val_final_acc"] for s in seeds) / len(seeds),
+                     "diff": None if iv is None else percent(iv, signed=True),
+                     "verdict": "picked" if c == picked else (iv.verdict if iv else "—"),
+                     "covers": covers(len(seeds))})
+    return picked, rows
+
+
+def _t(values: list[float]):
+    from pipeline.results.intervals import Interval, _t_interval, covers
+
+    low, high = _t_interval(values)
+    return Interval(sum(values) / len(values), low, high, covers(len(values)))
+
+
+def docs() -> str:
+    lines = ["# Defaults chosen by running",
+             "",
+             "Back to [the docs index](index.md).",
+             "",
+             "Every default or preset value the project chose by running is decided here on the **validation split** "
+             "(each client's training samples that no client trains on, in its label mix: `partition.val_ratio`), "
+             "never on test. Each row is the mean over seeds of the validation MAUA (the highest mean validation "
+             "accuracy over the rounds); the difference to the picked candidate is paired by seed, with a t interval "
+             "over the seeds; \"tied\" when it contains 0. Generated by `.venv/bin/python bench/choices.py docs` from "
+             "`bench/results/choices/*.json`; each section names the command that measured it.",
+             ""]
+    files = sorted(RESULTS.glob("*.json"))
+    if not files:
+        lines.append("No choice has been measured yet.")
+    for path in files:
+        result = json.loads(path.read_text())
+        picked, rows = decide(result)
+        lines += [f"## `{result['key']}`", "",
+                  f"Why it is a choice: {result['why']}. Setting: {result['where']}. Seeds {result['seeds']}; "
+                  f"{result['date']}, {result['cpu']}; `{result['command']}`.", "",
+                  "| candidate | validation MAUA per seed | mean | final validation acc (mean) | "
+                  "difference to the pick, points [95% CI] | |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            per_seed = ", ".join(f"{v:.4f}" for v in r["per_seed"])
+            lines.append(f"| {r['candidate']} | {per_seed} | {r['mean']:.4f} | {r['final']:.4f} | "
+                         f"{r['diff'] or '—'} | {r['verdict']} |")
+        tied = [r["candidate"] for r in rows if r["verdict"] == "tied"]
+        default = result["default"]
+        lines += ["", f"Picked: **{picked}** (highest mean validation MAUA)"
+                  + (f", tied with {', '.join(map(str, tied))}: the data cannot separate them" if tied else "")
+                  + (f". The default in params.yaml / the presets is {default}"
+                     + ("" if default == picked or default in tied else ": **it disagrees with this measurement**")
+                     + "." if default is not None else "."), ""]
+    text = "\n".join(lines) + "\n"
+    DOCS.write_text(text)
+    return text
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("list")
+    r = sub.add_parser("run")
+    r.add_argument("name", choices=sorted(CHOICES))
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    sub.add_parser("docs")
+    args = ap.parse_args()
+    if args.command == "list":
+        for name, c in CHOICES.items():
+            print(f"{name:24s} {c['key']}: {c['candidates']} (default {c['default']})")
+    elif args.command == "run":
+        run(args.name, args.seeds)
+    else:
+        print(docs())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
