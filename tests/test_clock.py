@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import with_section
+from conftest import tiny, with_section
 from pipeline import paths
 from pipeline.config import ConfigError
 from pipeline.federation.contract import state_bytes
@@ -309,6 +309,25 @@ def test_a_client_whose_connection_drops_mid_download_neither_receives_it_nor_tr
         assert torch.equal(t, before[name]), name  # not trained on a download it never got
     assert plan.end == pytest.approx(max(plan.finish(0), plan.finish(2)))
     assert plan.busy_s() == pytest.approx(plan.times[0].duration + plan.times[2].duration)
+
+
+def test_pdfl_times_the_peer_copies_its_clients_train(tiny_workspace, mnist, tmp_path):
+    """Issue 36: a pDFL client trains, besides its own phases, a copy of each of its external_peers highest-weighted
+    neighbours' models for external_steps steps of min(batch_size, its samples) samples (step 5 of
+    pipeline/methods/pdfl/method.py): its device's time counts those samples too, at its own speed (the copies
+    are of its own architecture)."""
+    _, params, part = tiny_workspace
+    params = tiny(with_section(params, "devices", enabled=True, trace=_trace(tmp_path, part)), "pdfl")
+    trainer = _trainer(params, part, mnist, "pdfl", "pdfl")
+    trainer.start()
+    trainer.run_round(1)
+    plan, clock, p = trainer.sim.last_plan, trainer.sim.clock, params.pdfl
+    for k, client in enumerate(trainer.clients):
+        copies = min(p.external_peers, len(client.state["neighbours"]))
+        assert copies > 0
+        samples = (trainer.sim.samples_trained(client, 1)
+                   + copies * p.external_steps * min(params.train.batch_size, client.num_train))
+        assert plan.times[k].compute_s == pytest.approx(samples / clock.samples_per_s(k), rel=1e-12)
 
 
 def test_a_resumed_run_continues_the_clock(tiny_workspace, mnist, tmp_path):

@@ -5,7 +5,8 @@ A selected client's round, from the instant the round starts (docs/devices.md):
   download_s  the bytes it receives at the round's start (the ledger's downloads, and what other clients
               send it over a directed edge) / its downlink;
   compute_s   the samples it trains (train.local_epochs x its training samples x each phase's repeat, summed
-              over the method's phases) x its architecture's cost / the device's speed. A device's speed is
+              over the method's phases, plus `LocalUpdate.extra_samples`: pDFL's peer copies) x its
+              architecture's cost / the device's speed. A device's speed is
               given in samples per second of the reference architecture (`devices.reference_model`); the
               cost ratio of two architectures is the ratio of their computed forward FLOPs (training is
               taken as 3 forward passes for every architecture, so the factor cancels);
@@ -15,8 +16,8 @@ A selected client's round, from the instant the round starts (docs/devices.md):
 Its upload completes at start + the sum of the four. After the last round, what a method sends every client
 for the last evaluation (`Method.final_downloads`, MTFL's before_local) arrives over each client's downlink
 from the round's end, paused while it is offline (`Clock.deliver`). What the server does (aggregation, FedDKC's server
-model) and evaluation take no simulated time; neither do a method's extra client work outside its
-phases (pDFL's attention and peer-copy steps).
+model) and evaluation take no simulated time; neither does a method's client work outside its phases other
+than extra_samples (pDFL's attention fitting and neighbours' forward passes).
 
 When a round ends (`train.schedule`):
   sync      when the last participating client's upload completes;

@@ -172,6 +172,11 @@ class LocalUpdate:
     def phases(self, round_: int) -> list[Phase]:
         return [Phase()]
 
+    def extra_samples(self, client: Client, upload: Upload, round_: int) -> int:
+        """Samples (of the client's own architecture) the client trained in the round besides its phases, e.g.
+        pDFL's peer copies: the simulated clock times them with the phases'. Default: none."""
+        return 0
+
     def begin(self, client: Client, download: list[Payload], round_: int) -> dict[str, torch.Tensor]:
         """Apply the download to the client; return per-sample targets [n_k, ...] (on its device)."""
         return {}

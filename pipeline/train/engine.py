@@ -188,7 +188,8 @@ class Simulation:
         kept, plan = selected, None
         if clock is not None:  # when each upload would complete, who is kept, when the round ends
             plan = clock.close(start, {k: clock.client_time(
-                k, self.samples_trained(self.clients[k], round_), down_bytes[k],
+                k, self.samples_trained(self.clients[k], round_)
+                + self.local.extra_samples(self.clients[k], uploads[k], round_), down_bytes[k],
                 sum(p.nbytes for p in uploads[k].payloads), *exchanged[k]) if k in uploads
                 else clock.client_time(k, 0, down_bytes[k], 0) for k in selected})  # cut short: dropped as offline
             self._stamp(round_, plan, {k: downloads[k] for k in received}, exchange_rows)

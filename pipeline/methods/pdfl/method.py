@@ -307,6 +307,13 @@ class PDFLClient(LocalUpdate):
             return [head, body]
         return [Phase(0, is_body, "body"), Phase(1, is_head, "head")]
 
+    def extra_samples(self, client, upload, round_):
+        """Step 5's training, timed by the simulated clock: each peer copy it optimised (in the upload), external_steps
+        batches of min(batch_size, its samples) (CopyJob.batches). Its attention fitting and the peers' forward
+        passes are not counted."""
+        batch = min(self.params.train.batch_size, client.num_train)
+        return len(upload.kept.get("feedback", {})) * self.p.external_steps * batch
+
     def begin(self, client, download, round_):
         """Steps 2-4 on the client: neighbour outputs on its data, train its attention, build the
         internal (top-k, calibrated) and external (feedback) per-sample teachers."""
