@@ -262,6 +262,9 @@ def _mixed_models(mnist):
 
 
 def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist, tmp_path):
+    """A 32-feature and a 64-feature client share 16-dim prototypes through their adapters. Fails if a global
+    prototype is not the count-weighted mean, a download is counted at another size, the adapters do not train,
+    or the prototype reading takes another prototype than the nearest one to the aligned embedding."""
     with pytest.raises(ConfigError, match="align"):
         _simulation(mnist, tmp_path, {"align": False}, _mixed_models(mnist))
     sim = _simulation(mnist, tmp_path, {"align": True, "align_dim": 16}, _mixed_models(mnist))
@@ -285,8 +288,22 @@ def test_align_lets_clients_with_different_feature_sizes_share_prototypes(mnist,
     # the adapters were trained (the MSE term reaches them from round 2 on)
     assert not torch.equal(before[0]["0.weight"], adapters[0][0].weight)
     assert not torch.equal(before[1]["0.weight"], adapters[1][0].weight)
+    # both readings written out: the classifier's argmax, and the class of the nearest global prototype to each
+    # test sample's aligned embedding (its adapter over its own features), in float64 (fails if a reading takes
+    # another prototype than the nearest, is measured on other samples, or in train mode: BatchNorm's batch
+    # statistics)
     rows, extras = sim.evaluate(2)
-    assert len(rows) == 2 and 0.0 <= extras["acc_prototype"] <= 1.0
+    classes = torch.nonzero(algo.global_has).flatten()
+    protos = algo.global_protos[classes].double()
+    by_hand = {"acc_classifier": [], "acc_prototype": []}
+    with torch.no_grad():
+        for c in sim.clients:
+            c.model.eval()
+            f = c.model.features(c.x_test)
+            by_hand["acc_classifier"].append((c.model.head(f).argmax(1) == c.y_test).double().mean().item())
+            nearest = torch.cdist(c.model.adapter(f).double(), protos).argmin(1)
+            by_hand["acc_prototype"].append((classes[nearest] == c.y_test).double().mean().item())
+    assert len(rows) == 2 and extras == {k: pytest.approx(sum(v) / 2, rel=1e-12) for k, v in by_hand.items()}
 
 
 @pytest.mark.parametrize("reading", ["classifier", "prototype"])
