@@ -11,9 +11,9 @@ from prefect import flow, task
 
 from pipeline import paths
 from pipeline.experiments import dvc as experiments
-from pipeline.results.compare import comparison, differences
+from pipeline.results.compare import budget_rows, comparison, differences
 from pipeline.config import Params, load_params
-from pipeline.results.report import (format_differences, format_paper_table, format_table, plot_accuracy_vs_bytes,
+from pipeline.results.report import (format_budget, format_differences, format_paper_table, format_table, plot_accuracy_vs_bytes,
                                      plot_accuracy_vs_sim_time, verdict_line, write_outputs)
 from pipeline.results.store import ResultsDB, rebuild_index
 
@@ -40,7 +40,7 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows),
                             differences=diffs)
     print(rebuilt.message)
-    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs)
+    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs, budget_rows(runs, target))
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     timed_plot = paths.REPORT_DIR / "accuracy_vs_sim_time.png"
     timed_plot.unlink(missing_ok=True)  # an earlier report's, when these runs have no simulated time
@@ -48,6 +48,9 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     print(format_table(rows))
     if diffs:
         print(f"\n{verdict_line(diffs)}\n\n{format_differences(diffs)}")
+    budget = budget_rows(runs, target)  # timed runs (devices.enabled): one grid of simulated instants
+    if budget:
+        print(f"\n{format_budget(budget)}")
     beside = format_paper_table(rows, params.data.dataset)
     if beside:
         print(f"\nThe FedCache paper (K = 300, all training samples), same dataset, method and setting:\n{beside}")

@@ -124,3 +124,34 @@ def test_the_run_table_shows_intervals_not_a_winner():
     assert "[95% CI]" in text and "Test-sampling standard error" in text
     assert all(r["maua_low"] <= r["maua"] <= r["maua_high"] for r in rows)
     assert "best" not in text.lower()
+
+
+def _timed(name: str, label: str, step_s: float, rounds: int, acc_of_round, K: int = 8) -> RunSeries:
+    """A timed run: round r (1..rounds) ends at r * step_s simulated seconds; client k's accuracy there is
+    acc_of_round(r) + 0.01 * k (round 0, at 0 s: 0.1)."""
+    rows = [(0, k, 0.1, 100) for k in range(K)]
+    rows += [(r, k, acc_of_round(r) + 0.01 * k, 100) for r in range(1, rounds + 1) for k in range(K)]
+    rounds_ = [(r, None, 0, 0) for r in range(rounds + 1)]
+    return RunSeries(f"{label}-0", name, "homo", rounds_, label, sim_times={r: r * step_s for r in range(rounds + 1)},
+                     seed=0, clients=rows)
+
+
+def test_schedules_are_read_on_one_grid_up_to_the_common_budget():
+    """Fails if runs of unequal simulated length are compared at their own ends (async ran 40 s, sync 20 s: both
+    must be read at 20 s), if a client's accuracy at an instant is not its last evaluation before it, or if the
+    time to the target is not interpolated on the grid (hand computed below)."""
+    from pipeline.results.compare import budget_rows
+
+    sync = _timed("fedcache", "fedcache (schedule=sync)", 5.0, 4, lambda r: 0.3 + 0.1 * r)  # 0.4 .. 0.7 at 5..20 s
+    asyn = _timed("fedcache", "fedcache (schedule=async)", 2.0, 20, lambda r: min(0.9, 0.3 + 0.05 * r))  # to 40 s
+    rows = {r["label"]: r for r in budget_rows([sync, asyn], target=0.6)}
+    s, a = rows["fedcache (schedule=sync)"], rows["fedcache (schedule=async)"]
+    assert s["budget_s"] == a["budget_s"] == 20.0
+    offset = 0.01 * np.mean(range(8))  # the clients' mean offset, 0.035
+    assert s["acc_at_budget"] == pytest.approx(0.7 + offset)
+    assert a["acc_at_budget"] == pytest.approx(0.8 + offset)  # round 10 at 20 s, not round 20 at 40 s
+    # sync on the grid 2, 4, ..., 20 s: 0.1+o until 5 s, 0.4+o at 6 and 8 s, 0.5+o at 10 s ...: the mean first
+    # passes 0.6 at 16 s (0.6 + o), after 0.5 + o at 14 s: interpolated 14 + (0.6 - 0.535) / 0.1 * 2 = 15.3 s
+    assert s["time_to_target"] == pytest.approx(14 + (0.6 - (0.5 + offset)) / 0.1 * 2)
+    assert a["vs"] == "fedcache (schedule=sync)" and a["diff"] == pytest.approx(0.1) and a["verdict"] == "ahead"
+    assert s["vs"] is None  # the sync run is the reference, not compared with itself

@@ -174,8 +174,8 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     published to results/experiments/<name>/; each run is named by its label (its schedule included).
     target: the accuracy for bytes and time to target (None: the preset's report.target_acc for its dataset)."""
     from pipeline.experiments.dvc import EXPERIMENTS as PUBLISHED
-    from pipeline.results.compare import comparison, differences, method_rows
-    from pipeline.results.report import format_differences, format_methods, format_table, verdict_line
+    from pipeline.results.compare import budget_rows, comparison, differences, method_rows
+    from pipeline.results.report import format_budget, format_differences, format_methods, format_table, verdict_line
     from pipeline.results.store import ResultsDB
 
     base = yaml.safe_load(Path(params_file).read_text())
@@ -188,8 +188,9 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
         return "no published runs"
     params = parse_params(apply(base, planned[0].settings, "preset"))
     target = params.report.target_acc.get(params.data.dataset) if target is None else target
-    diffs = differences(series)
+    diffs, budget = differences(series), budget_rows(series, target)  # budget: timed runs on one grid
     tail = f"\n\n{verdict_line(diffs)}\n\n{format_differences(diffs)}" if diffs else ""
+    tail += f"\n\n{format_budget(budget)}" if budget else ""
     if len({s.seed for s in series}) > 1:  # several seeds: each method over its seeds, then the paired differences
         return f"{format_methods(method_rows(series))}{tail}"
     return f"{format_table(comparison(series, target, baseline=params.report.baseline))}{tail}"

@@ -20,7 +20,10 @@ the round metrics sim_busy_s / sim_client_s. None (the report shows "—" and wh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from pipeline.results.intervals import Accuracies, Interval, paired_difference, run_interval
 
@@ -264,3 +267,89 @@ def differences(series: list[RunSeries], references: tuple[str, ...] = REFERENCE
 
 def difference_interval(row: dict, name: str = "maua") -> Interval:
     return Interval(row[f"{name}_diff"], row[f"{name}_low"], row[f"{name}_high"], row.get("covers", ""))
+
+
+# -- equal budgets: schedules on one grid of simulated instants ----------------------------------------------
+
+GRID_POINTS = 10  # instants of the common grid: the budget's tenths
+
+
+def _on_grid(s: RunSeries, grid: list[float]) -> Accuracies | None:
+    """The run's per-client accuracy at each grid instant: a client's accuracy at t is that of the run's last
+    evaluation at or before t (a step function: what a user would have had at that instant)."""
+    evaluated = sorted(r for r in {r for r, _, a, _ in s.clients if a is not None} if r in (s.sim_times or {}))
+    if not evaluated:
+        return None
+    at = {(r, k): (a, n) for r, k, a, n in s.clients if a is not None}
+    clients = sorted({k for _, k, a, n in s.clients if a is not None and n > 0})
+    acc = []
+    for t in grid:
+        before = [r for r in evaluated if s.sim_times[r] <= t + 1e-9]
+        r = before[-1] if before else evaluated[0]  # before the first evaluation: the initial models' (round 0)
+        acc.append([at[(r, k)][0] for k in clients])
+    n = {k: at[(evaluated[-1], k)][1] for k in clients}
+    return Accuracies(np.array(acc, dtype=np.float64).T, np.array([n[k] for k in clients], dtype=np.int64))
+
+
+def time_to_target(mean: np.ndarray, grid: np.ndarray, target: float) -> float:
+    """Simulated seconds at which a mean-accuracy curve on the grid first reaches `target`, linearly interpolated
+    between the grid instants around the crossing (inf: not within the budget)."""
+    above = np.flatnonzero(mean >= target)
+    if not len(above):
+        return math.inf
+    i = int(above[0])
+    if i == 0:
+        return float(grid[0])
+    (t0, t1), (a0, a1) = grid[i - 1:i + 1], mean[i - 1:i + 1]
+    return float(t0 + (target - a0) / (a1 - a0) * (t1 - t0))
+
+
+def budget_rows(series: list[RunSeries], target: float | None, points: int = GRID_POINTS) -> list[dict]:
+    """Timed runs (devices.enabled) of each setting and seed on one grid: `points` equally spaced simulated
+    instants up to the common budget, the shortest run's simulated time, so every schedule gets the same time.
+    Per run: the mean accuracy at the budget and the best on the grid, with 95% intervals over clients, the
+    time to `target` interpolated on the grid with its interval (a percentile bootstrap over clients; inf where
+    a resample does not reach it), and, for a run under another schedule than sync, its paired difference in
+    accuracy at the budget against the same method's sync run."""
+    from pipeline.results.intervals import bootstrap_percentile, paired_difference, run_interval
+
+    rows = []
+    timed = [s for s in series if s.sim_times and s.clients]
+    for key in dict.fromkeys((s.setting, s.seed) for s in timed):
+        group = [s for s in timed if (s.setting, s.seed) == key]
+        budget = min(s.sim_time_s for s in group)
+        grid = np.array([budget * (i + 1) / points for i in range(points)])
+        on_grid = {s.run_id: _on_grid(s, list(grid)) for s in group}
+        for s in group:
+            acc = on_grid[s.run_id]
+            if acc is None:
+                continue
+            final, best = run_interval([acc], "final_acc"), run_interval([acc], "maua")
+            row = {"label": s.name, "algorithm": s.algorithm, "setting": s.setting, "seed": s.seed,
+                   "budget_s": budget, "points": points, "acc_at_budget": final.estimate,
+                   "acc_low": final.low, "acc_high": final.high, "best_on_grid": best.estimate,
+                   "best_low": best.low, "best_high": best.high, "target": target, "time_to_target": None,
+                   "time_low": None, "time_high": None, "vs": None, "diff": None, "diff_low": None,
+                   "diff_high": None, "verdict": None}
+            if target is not None:
+                row["time_to_target"] = time_to_target(acc.acc.mean(axis=0), grid, target)
+                row["time_low"], row["time_high"] = bootstrap_percentile(
+                    len(acc.n), lambda idx: np.apply_along_axis(
+                        lambda m: time_to_target(m, grid, target), -1, acc.acc[idx].mean(axis=-2)))
+            sync = next((o for o in group if o.algorithm == s.algorithm and schedule_of(o.name) == "sync"), None)
+            if sync is not None and sync is not s and on_grid[sync.run_id] is not None:
+                try:
+                    iv = paired_difference([acc], [on_grid[sync.run_id]], "final_acc")
+                    row.update(vs=sync.name, diff=iv.estimate, diff_low=iv.low, diff_high=iv.high, verdict=iv.verdict)
+                except ValueError:
+                    pass
+            rows.append(row)
+    return rows
+
+
+def schedule_of(label: str) -> str:
+    """A run's schedule from its label (pipeline.results.labels names a non-sync one: "schedule=async")."""
+    for name in ("async", "deadline"):
+        if f"schedule={name}" in label:
+            return name
+    return "sync"

@@ -111,6 +111,15 @@ def _bootstrap(strata: list[int], statistic) -> tuple[float, float]:
     return low, high
 
 
+def bootstrap_percentile(n: int, statistic) -> tuple[float, float]:
+    """Percentile bounds of a bootstrap over n clients of `statistic(idx)` ([B, n] resampled indices -> [B]):
+    for a statistic that may be inf (a time to a target a resample never reaches), where BCa is undefined."""
+    idx = np.random.default_rng(SEED).integers(0, n, size=(RESAMPLES, n))
+    values = np.asarray(statistic(idx), dtype=np.float64)
+    low, high = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], method="inverted_cdf")
+    return float(low), float(high)
+
+
 def _t_interval(values: list[float]) -> tuple[float, float]:
     from scipy.stats import t
 

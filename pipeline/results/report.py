@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -154,6 +155,35 @@ def verdict_line(rows: list[dict]) -> str:
     return "MAUA: " + "; ".join(parts) + "." if parts else ""
 
 
+def _seconds(value: float | None) -> str:
+    return "not within the budget" if value is None or math.isinf(value) else f"{value:,.1f} s"
+
+
+def format_budget(rows: list[dict]) -> str:
+    """Markdown: timed runs (schedules) on one grid of simulated instants up to their common budget
+    (compare.budget_rows): accuracy at the budget and the best on the grid with 95% intervals, the time to
+    the target interpolated on the grid with its interval, and each non-sync run against the same method's
+    sync run, paired, with its word."""
+    if not rows:
+        return ""
+    target = next((r["target"] for r in rows if r["target"] is not None), None)
+    lines = [f"Equal budget: every timed run read on the same {rows[0]['points']} simulated instants up to the "
+             f"shortest run's {rows[0]['budget_s']:,.1f} s (a client's accuracy at an instant is its last "
+             f"evaluation's before it).", "",
+             f"| run | seed | accuracy at {rows[0]['budget_s']:,.1f} s [95% CI] | best on the grid [95% CI] | "
+             f"time to {'target' if target is None else f'{target:.0%}'} [95% CI] | against the same method's sync "
+             "run, points [95% CI] | |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = percent(Interval(r["acc_at_budget"], r["acc_low"], r["acc_high"], ""))
+        best = percent(Interval(r["best_on_grid"], r["best_low"], r["best_high"], ""))
+        time_ = ("—" if r["time_to_target"] is None else
+                 f"{_seconds(r['time_to_target'])} [{_seconds(r['time_low'])}, {_seconds(r['time_high'])}]")
+        diff = ("—" if r["diff"] is None else
+                f"{percent(Interval(r['diff'], r['diff_low'], r['diff_high'], ''), signed=True)} vs {r['vs']}")
+        lines.append(f"| {r['label']} | {r['seed']} | {acc} | {best} | {time_} | {diff} | {r['verdict'] or ''} |")
+    return "\n".join(lines)
+
+
 def format_paper_table(rows: list[dict], dataset: str, figures: list | None = None) -> str:
     """Markdown: each measured run beside the FedCache paper's figure for the same (dataset, method,
     setting) (paper/fedcache_tables.csv), with the MAUA difference in points; "" when the paper has none.
@@ -189,7 +219,7 @@ def _rounded(value: float | None) -> float | None:
 
 
 def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None,
-                  diffs: list[dict] | None = None) -> None:
+                  diffs: list[dict] | None = None, budget: list[dict] | None = None) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
     diffs = diffs or []
     metrics = {}
@@ -208,6 +238,8 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
     text = format_table(rows) + "\n"
     if diffs:
         text += f"\n{verdict_line(diffs)}\n\n{format_differences(diffs)}\n"
+    if budget:
+        text += f"\n{format_budget(budget)}\n"
     beside = format_paper_table(rows, dataset) if dataset else ""
     if beside:
         text += f"\nThe FedCache paper's figures for the same dataset, method and setting (paper/fedcache_tables.csv; " \
