@@ -100,8 +100,30 @@ def test_attention_weights_are_a_distribution_and_start_near_uniform(heads):
     assert wq.shape == (heads, math.ceil(9 / heads), 9) and not torch.equal(wq, wk)
     assert torch.equal(wq, init_projections(9, heads, seed=0, client=3)[0])  # seeded per client
     w = attention_weights(query, keys, wq, wk)
-    assert w.shape == (5,) and (w >= 0).all() and w.sum().item() == pytest.approx(1.0, abs=1e-6)
-    assert (w - 0.2).abs().max() < 0.01  # the small init: nearly uniform before any training
+    assert w.shape == (5,) and (w - 0.2).abs().max() < 0.01  # the small init: nearly uniform before any training
+    # written out in float64: r standardised (zero mean, unit norm), per head softmax_j(<W_q r_i, W_k r_j> / sqrt(d_h)),
+    # the mean over heads; at the init and with projections 30x larger (far from uniform, as after training).
+    # Fails if the scores are not scaled by 1/sqrt(d_h), the softmax runs over heads instead of neighbours, a
+    # representation is not standardised, or the query and key projections are swapped.
+    def by_hand(wq, wk):
+        def standardised(r):
+            r = r.double()
+            c = r - r.mean()
+            return c / math.sqrt(float((c * c).mean()) + 1e-5) / math.sqrt(len(r))
+
+        q, ks = standardised(query), [standardised(k) for k in keys]
+        per_head = []
+        for h in range(heads):
+            scores = [float((wq[h].double() @ q) @ (wk[h].double() @ k)) / math.sqrt(wq.shape[1]) for k in ks]
+            e = [math.exp(a - max(scores)) for a in scores]
+            per_head.append([a / sum(e) for a in e])
+        return [sum(col) / heads for col in zip(*per_head)]
+
+    for scale in (1, 30):  # the method run in float64 (its projections' dtype)
+        q64, k64 = scale * wq.double(), scale * wk.double()
+        assert attention_weights(query, keys, q64, k64).tolist() == pytest.approx(by_hand(q64, k64), rel=1e-12,
+                                                                                   abs=1e-300), scale
+    assert max(by_hand(30 * wq.double(), 30 * wk.double())) > 0.3  # far from uniform: the terms show
 
 
 def test_attention_projections_learn_to_trust_the_neighbour_that_fits_the_labels():
@@ -155,7 +177,15 @@ def test_soft_kd_is_zero_at_the_teacher_and_skips_missing_rows():
     rows = soft_kd_rows(logits, teacher, T)
     # zero up to float32 rounding, which T^2 = 9 scales (an unseeded draw once gave 1.3e-6)
     assert rows[1] == 0 and rows.abs().max().item() == pytest.approx(0.0, abs=1e-5)
-    assert soft_kd_rows(logits + torch.randn(4, 5, generator=gen), teacher, T).sum().item() > 0
+    # another student, by hand in float64: T^2 * sum_c q_c (log q_c - log softmax(s / T)_c), 0 for the NaN row
+    # (fails if the T^2 factor, the teacher's entropy term or the student's temperature is left out)
+    student = logits + torch.randn(4, 5, generator=gen)
+    got = soft_kd_rows(student, teacher, T)
+    for i in range(4):
+        q, s = teacher[i].double().tolist(), (student[i].double() / T).tolist()
+        log_p = [a - math.log(sum(math.exp(b) for b in s)) for a in s]
+        expected = 0.0 if i == 1 else T * T * sum(qc * (math.log(qc) - lp) for qc, lp in zip(q, log_p))
+        assert float(got[i]) == pytest.approx(expected, rel=1e-5, abs=1e-6), i
 
 
 
