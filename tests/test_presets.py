@@ -70,22 +70,25 @@ def test_the_cli_refuses_an_unknown_preset_with_the_list():
     assert out.returncode == 2 and "no preset 'nope'" in out.stderr and "fedcache_paper" in out.stderr
 
 
-def test_the_stragglers_preset_is_three_experiments_on_one_population_ten_times_apart():
+def test_the_stragglers_preset_is_three_schedules_on_three_seeds_one_population_per_seed():
+    """Fails if a seed's three schedules do not share one device population, or seed 0's is not ten times apart."""
     from pipeline.federation.devices import population
 
     planned = presets.plan("stragglers", [], REPO_ROOT / "params.yaml", PRESETS)
-    assert [p.name for p in planned] == ["stragglers-sync", "stragglers-deadline", "stragglers-async"]
+    assert [p.name for p in planned] == [f"stragglers-{e}-s{s}" for e in ("sync", "deadline", "async")
+                                         for s in (0, 1, 2)]
     schedules = {p.name: (p.settings["train.schedule"], p.settings["train.algorithms"]) for p in planned}
-    assert schedules["stragglers-sync"] == ("sync", ["fedcache", "fedavg", "fedproto", "fd"])
-    assert schedules["stragglers-deadline"] == ("deadline", ["fedcache", "fedavg", "fedproto", "fd"])
-    assert schedules["stragglers-async"] == ("async", ["fedcache"])
+    assert schedules["stragglers-sync-s1"] == ("sync", ["fedcache", "fedavg", "fedproto", "fd"])
+    assert schedules["stragglers-deadline-s2"] == ("deadline", ["fedcache", "fedavg", "fedproto", "fd"])
+    assert schedules["stragglers-async-s0"] == ("async", ["fedcache"])
     base = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    speeds = set()
+    speeds: dict[int, set] = {}
     for p in planned:
         params = parse_params(presets.apply(base, p.settings, p.name))
         devices = population(params.devices, params.partition.num_clients, params.seed)
-        speeds.add(tuple(d.samples_per_s for d in devices))
-    [speed] = speeds  # one population for all three
+        speeds.setdefault(params.seed, set()).add(tuple(d.samples_per_s for d in devices))
+    assert all(len(by_seed) == 1 for by_seed in speeds.values())  # one population for a seed's three schedules
+    [speed] = speeds[0]
     assert max(speed) / min(speed) == pytest.approx(10, rel=0.02)
     # later -S flags win over the preset's, in every experiment
     again = presets.plan("stragglers", ["train.threads=1"], REPO_ROOT / "params.yaml", PRESETS)

@@ -70,9 +70,9 @@ PLAN: list[tuple[str, str, str]] = [
      "runs the executor on one, and on a scheduler and workers started as separate processes"),
     (r"\.venv/bin/dvc exp run .*", "shrunk", "paper scale: 1,000 rounds of 300 clients"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run stragglers( -S \S+)*", "excluded",
-     "three queued DVC experiments at the default scale (about 25 minutes on a busy 2-core machine); "
+     "nine queued DVC experiments (three schedules on three seeds) at the default scale (about an hour on 2 cores); "
      "tests/test_presets.py checks their params, tests/test_dvc_pipeline.py the queue on a tiny sweep"),
-    (r"\.venv/bin/python -m pipeline\.experiments\.presets table \S+( --target \S+)?", "run",
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets table \S+( --target \S+)?( --write \S+)?", "run",
      "prints a preset's published runs (none in the built copy)"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run compare", "excluded", "what make compare runs (below)"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run \S+", "shrunk", "a preset at the paper's scale"),

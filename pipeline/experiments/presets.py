@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -196,6 +197,22 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     return f"{format_table(comparison(series, target, baseline=params.report.baseline))}{tail}"
 
 
+def write_table(path: Path, name: str, table: str, target: float | None = None) -> None:
+    """A preset's published table as a Markdown page: what produced it (the command, when, on which CPU), then the
+    table, so that a page of figures is always generated from the result files, never typed."""
+    import platform
+    from datetime import datetime, timezone
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    command = shlex.join(["python", "-m", "pipeline.experiments.presets", "table", name,
+                          *(["--target", str(target)] if target is not None else []), "--write", str(path)])
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    path.write_text(f"# The `{name}` preset's table\n\nBack to [the docs index](index.md).\n\nGenerated {stamp} on "
+                    f"{cpu} ({os.cpu_count()} CPUs) by `{command}` from the runs the preset's experiments published "
+                    f"(`results/experiments/{name}-*/`); preset: `presets/{name}.yaml`.\n\n{table}\n")
+
+
 def dvc_command(name: str, extra: list[str], queue: bool = False, params_file: Path = Path("params.yaml"),
                 presets_dir: Path = PRESETS_DIR) -> list[str]:
     cmd = [dvc_program(), "exp", "run"]
@@ -222,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     table = sub.add_parser("table", help=f"a preset with `{EXPERIMENTS}:`: the comparison over its published runs again")
     table.add_argument("name")
     table.add_argument("--target", type=float, help="the target accuracy (default: the preset's report.target_acc)")
+    table.add_argument("--write", metavar="PATH", help="also write the table to this Markdown file, headed by the "
+                       "command, the date and the CPU (docs/comparison.md is made so)")
     args = ap.parse_args(argv)
     try:
         if args.command == "list":
@@ -231,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "table":
             if args.target is not None and not 0 < args.target <= 1:
                 raise ConfigError(f"--target {args.target}: expected a mean accuracy in (0, 1], e.g. --target 0.65")
-            print(published_table(plan(args.name), target=args.target))
+            text = published_table(plan(args.name), target=args.target)
+            print(text)
+            if args.write:
+                write_table(Path(args.write), args.name, text, args.target)
             return 0
         if args.command in ("show", "run") and several(preset_path(args.name)):
             return _several(args)

@@ -131,20 +131,41 @@ def collect(planned: list[Planned]) -> list[dict]:
             rows.append({"experiment": exp.name, "changed": exp.changed, "run": None})
         for path in summaries:
             s = json.loads(path.read_text())
-            rows.append({"experiment": exp.name, "changed": exp.changed,
-                         "run": path.parent.name, "maua": s.get("maua"), "bytes_total": s.get("bytes_total")})
+            rows.append({"experiment": exp.name, "changed": exp.changed, "run": path.parent.name,
+                         "maua": s.get("maua"), "bytes_total": s.get("bytes_total"), "interval": _interval(path, s)})
     return rows
 
 
+def _interval(summary: Path, s: dict):
+    """The run's MAUA with its 95% interval over clients (pipeline.results.intervals), from its results file
+    beside summary.json; None for a run from before per-client rows."""
+    from pipeline.results.store import ResultsDB
+
+    results = summary.parent / paths.RUN_RESULTS
+    if not results.is_file() or "run_id" not in s:
+        return None
+    (series,) = ResultsDB(results).series([s["run_id"]])
+    acc = series.accuracies()
+    if acc is None:
+        return None
+    from pipeline.results.intervals import run_interval
+
+    return run_interval([acc], "maua")
+
+
 def format_rows(rows: list[dict]) -> str:
-    lines = ["| experiment | changed | run | MAUA | bytes |", "|---|---|---|---|---|"]
+    """One row per published run: its MAUA with the 95% interval over its clients (one seed: it does not cover
+    the seed; compare values by a paired difference, not by overlap) and its bytes."""
+    from pipeline.results.intervals import percent
+
+    lines = ["| experiment | changed | run | MAUA [95% CI, over clients] | bytes |", "|---|---|---|---|---|"]
     for r in rows:
         if r["run"] is None:
             lines.append(f"| {r['experiment']} | {r['changed']} | not published (see `dvc queue logs "
                          f"{r['experiment']}`) | | |")
         else:
-            lines.append(f"| {r['experiment']} | {r['changed']} | {r['run']} | {r['maua']:.4f} | "
-                         f"{r['bytes_total']:,} |")
+            maua = percent(r["interval"]) if r.get("interval") is not None else f"{r['maua']:.4f}"
+            lines.append(f"| {r['experiment']} | {r['changed']} | {r['run']} | {maua} | {r['bytes_total']:,} |")
     return "\n".join(lines)
 
 
