@@ -4,6 +4,7 @@ knowledge persisted to the SQL store, local-only sends nothing; rows in the run'
 import duckdb
 import numpy as np
 import pytest
+import torch
 
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
@@ -171,3 +172,25 @@ def test_a_client_without_test_samples_is_left_out_of_the_round_mean(tiny_worksp
         others = con.execute("SELECT avg(acc) FROM client_rounds WHERE run_id = ? AND client_id > 0 AND round = "
                              "(SELECT max(round) FROM rounds WHERE run_id = ?)", [summary["run_id"]] * 2).fetchone()[0]
     assert acc == pytest.approx(others)
+
+
+def test_the_validation_split_is_evaluated_on_its_own_samples(tiny_workspace, mnist):
+    """Fails if the validation reading is the test split again (clients.on_split doing nothing), or if a client's
+    validation accuracy is not its final model's accuracy on its own validation samples (computed here by hand)."""
+    from pipeline.federation.clients import evaluate_model, to_tensor
+
+    _, params, part = tiny_workspace
+    trainer, summary = _run(params, part, "local", mnist)
+    con = duckdb.connect(str(paths.run_results("local")), read_only=True)
+    last = con.execute("SELECT client_id, acc, n_test, val_acc, n_val FROM client_rounds WHERE run_id = ? AND round = ? "
+                       "ORDER BY client_id", [summary["run_id"], params.train.rounds]).fetchall()
+    val_mean = con.execute("SELECT value FROM round_metrics WHERE run_id = ? AND round = ? AND name = 'val_acc'",
+                           [summary["run_id"], params.train.rounds]).fetchone()[0]
+    con.close()
+    for (k, acc, n_test, val_acc, n_val), client in zip(last, trainer.clients):
+        x = to_tensor(mnist.train_x[part.client_val(k)])
+        y = torch.from_numpy(part.val_labels[part.val_offsets[k]:part.val_offsets[k + 1]])
+        assert (val_acc, n_val) == (pytest.approx(evaluate_model(client.model, x, y, 64)[0], abs=1e-12), len(y))
+        assert n_val == np.diff(part.val_offsets)[k] != n_test
+    assert val_mean == pytest.approx(np.mean([row[3] for row in last]))
+    assert summary["val_final_acc"] == pytest.approx(val_mean)
