@@ -172,25 +172,42 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
 
 
 def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
-    """MAUA against bytes (log x), one point per run in its method's colour; the Pareto frontier (data.pareto_points)
-    filled, joined by a staircase and labelled; the other runs hollow. Runs that send nothing become dashed
-    rules at their MAUA, as in the accuracy-vs-bytes chart."""
+    """MAUA against bytes (log x), one point per run in its method's colour with its MAUA's 95% interval as an
+    error bar (bytes are counted: no bar); the Pareto frontier (data.pareto_points) filled, joined by a staircase
+    and labelled, the runs tied on it (its band) pale and labelled '(tied)', the runs off it hollow. Runs that send
+    nothing become dashed rules at their MAUA over a pale band of its interval, as in the accuracy-vs-bytes chart."""
     runs = _runs_of(points, runs)
+    points = points.assign(
+        status=["tied" if t else "frontier" if f else "off" for f, t in zip(points["frontier"], points["tied"])]
+        if "tied" in points else ["frontier" if f else "off" for f in points["frontier"]],
+        label=[f"{r} (tied)" if t else r for r, t in zip(points["run"], points.get("tied", [False] * len(points)))])
+    for c in ("maua_low", "maua_high"):
+        if c not in points:
+            points[c] = points["maua"]
     sent, free = points[points["bytes"] > 0], points[points["bytes"] == 0]
     decades = _decades(sent["bytes"])
-    x = alt.X("bytes:Q", title="bytes to the last round (log)", scale=alt.Scale(type="log", domain=[
+    x = alt.X("bytes:Q", title="bytes to the last round (log; counted, exact)", scale=alt.Scale(type="log", domain=[
         decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
-    y = alt.Y("maua:Q", title="MAUA", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
+    y = alt.Y("maua:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
     tips = [alt.Tooltip("run:N"), alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
-            alt.Tooltip("bytes:Q", format=",", title="bytes (B)"), alt.Tooltip("frontier:N", title="on the frontier")]
+            alt.Tooltip("maua_low:Q", format=".2%", title="95% interval from"),
+            alt.Tooltip("maua_high:Q", format=".2%", title="95% interval to"),
+            alt.Tooltip("bytes:Q", format=",", title="bytes (B, exact)"), alt.Tooltip("status:N", title="frontier")]
     color = run_color(runs)
+    bars = alt.Chart(sent).mark_rule(strokeWidth=1.5, opacity=0.7).encode(
+        x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False)), y2="maua_high:Q",
+        color=color, tooltip=tips)
     dots = alt.Chart(sent).mark_point(size=110, strokeWidth=2).encode(
-        x=x, y=y, color=color, fill=alt.condition("datum.frontier", color, alt.value("transparent")), tooltip=tips)
-    best = sent[sent["frontier"]]
+        x=x, y=y, color=color, fill=alt.condition("datum.status != 'off'", color, alt.value("transparent")),
+        fillOpacity=alt.condition("datum.status == 'tied'", alt.value(0.35), alt.value(1.0)), tooltip=tips)
+    best = sent[sent["status"] == "frontier"]
     stairs = alt.Chart(best).mark_line(interpolate="step-after", color="#555", strokeDash=[4, 3]).encode(x=x, y=y)
-    labels = alt.Chart(best).mark_text(align="left", dx=9, dy=-9, fontSize=11).encode(x=x, y=y, text="run:N")
-    layers = [stairs, dots, labels]
+    labels = alt.Chart(sent[sent["status"] != "off"]).mark_text(align="left", dx=9, dy=-9, fontSize=11).encode(
+        x=x, y=y, text="label:N")
+    layers = [stairs, bars, dots, labels]
     if not free.empty:
+        layers.append(alt.Chart(free).mark_rect(opacity=0.12).encode(
+            y=alt.Y("maua_low:Q", scale=alt.Scale(zero=False)), y2="maua_high:Q", color=color, tooltip=tips))
         layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y="maua:Q", color=color, tooltip=tips))
     return alt.layer(*layers).properties(title="Accuracy against bytes: the Pareto frontier (filled, labelled)", height=HEIGHT)
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +34,9 @@ import pandas as pd
 import yaml
 
 from pipeline import paths
-from pipeline.results.compare import RunSeries, comparison
+from pipeline.results import compare
+from pipeline.results.compare import RunSeries, comparison, difference_interval
+from pipeline.results.intervals import Interval, paired_difference, percent
 from pipeline.experiments.dvc import flatten
 from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
 
@@ -297,6 +301,7 @@ def setup_mismatch(runs: pd.DataFrame, run_ids: list[str]) -> str | None:
 
 
 ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s", "sim_time_s"]
+CLIENT_COLUMNS = ["run_id", "round", "client_id", "acc", "n_test", "val_acc", "n_val"]  # val: the validation split
 WAITING_COLUMNS = ["run_id", "busy_s", "client_s"]  # the waiting share's figures summed per run (docs/devices.md)
 METRIC_COLUMNS = ["run_id", "round", "name", "value"]
 # What FedCache's server records per evaluated round about its knowledge cache (pipeline/methods/fedcache):
@@ -310,7 +315,7 @@ class Snapshot:
     """Everything the live views show, read in one connection."""
     runs: pd.DataFrame  # every run in the DB (see load_runs)
     rounds: pd.DataFrame  # run_id, round, mean_acc, bytes_up, bytes_down, wall_s (selected runs)
-    clients: pd.DataFrame  # run_id, round, client_id, acc, n_test
+    clients: pd.DataFrame  # run_id, round, client_id, acc, n_test, val_acc, n_val
     comm_rounds: pd.DataFrame  # run_id, round, direction, kind, bytes (summed over clients)
     comm_clients: pd.DataFrame  # run_id, client_id, direction, kind, bytes (summed over rounds)
     read_at: float = field(default_factory=time.time)
@@ -350,9 +355,8 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
             "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds WHERE run_id IN "
             f"({', '.join('?' * len(swept))}) ORDER BY run_id, round", swept).df() if swept else \
             pd.DataFrame(columns=ROUND_COLUMNS)
-        clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test FROM client_rounds "
-                       "WHERE run_id IN ({q}) ORDER BY run_id, round, client_id",
-                       ["run_id", "round", "client_id", "acc", "n_test"])
+        clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val "
+                       "FROM client_rounds WHERE run_id IN ({q}) ORDER BY run_id, round, client_id", CLIENT_COLUMNS)
         comm_rounds = read("comm", "SELECT run_id, round, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
                            "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
                            ["run_id", "round", "direction", "kind", "bytes"])
@@ -383,25 +387,185 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
 
 def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = None) -> list[RunSeries]:
     """pipeline.results.compare.RunSeries of the runs that have rounds, in the given order (rounds: snap.rounds,
-    or another frame of its columns such as snap.ablation_rounds)."""
+    or another frame of its columns such as snap.ablation_rounds), with the run's `seed` (its params') and its
+    clients' accuracies on the test and validation splits (snap.clients: the selected runs'), so that the
+    comparison carries 95% intervals (pipeline.results.intervals)."""
     meta = snap.runs.set_index("run_id")
     rounds = snap.rounds if rounds is None else rounds
     waiting = snap.waiting.set_index("run_id")
+    wanted = set(run_ids)
+    per_run = {r: g for r, g in rounds.groupby("run_id", sort=False) if r in wanted} if not rounds.empty else {}
+    clients = snap.clients
+    per_client = {r: g for r, g in clients.groupby("run_id", sort=False) if r in wanted} if not clients.empty else {}
     out = []
-    for run_id in run_ids:
-        rows = rounds[rounds["run_id"] == run_id]
-        if rows.empty or run_id not in meta.index:
+    for run_id in dict.fromkeys(run_ids):
+        rows = per_run.get(run_id)
+        if rows is None or rows.empty or run_id not in meta.index:
             continue
         sim = rows["sim_time_s"] if "sim_time_s" in rows else pd.Series(dtype=float)
         times = {int(r): float(t) for r, t in zip(rows["round"], sim) if pd.notna(t)}  # devices on: simulated instants
         busy, client_s = (waiting.at[run_id, "busy_s"], waiting.at[run_id, "client_s"]) if run_id in waiting.index \
             else (None, None)
+        seed = (meta.at[run_id, "params"] or {}).get("seed")
+        test, val = _client_rows(per_client.get(run_id))
         out.append(RunSeries(run_id, meta.at[run_id, "algorithm"], meta.at[run_id, "setting"], [
             (int(r), None if pd.isna(a) else float(a), int(u), int(d))
             for r, a, u, d in zip(rows["round"], rows["mean_acc"], rows["bytes_up"], rows["bytes_down"])],
             sim_times=times or None, busy_s=None if pd.isna(busy) else float(busy),
-            client_s=None if pd.isna(client_s) else float(client_s)))
+            client_s=None if pd.isna(client_s) else float(client_s),
+            seed=int(seed) if isinstance(seed, (int, float)) and not isinstance(seed, bool) else None,
+            clients=test, val_clients=val))
     return out
+
+
+def _client_rows(df: pd.DataFrame | None) -> tuple[list[tuple], list[tuple]]:
+    """(test rows, validation rows) as RunSeries takes them: (round, client, acc, n) each; NULL accuracy stays None
+    (a client without a sample), a run from before the validation split has no validation rows."""
+    if df is None or df.empty:
+        return [], []
+
+    def rows(acc: str, n: str) -> list[tuple]:
+        return [(int(r), int(k), None if pd.isna(a) else float(a), 0 if pd.isna(m) else int(m))
+                for r, k, a, m in zip(df["round"], df["client_id"], df[acc], df[n]) if not (pd.isna(a) and pd.isna(m))]
+
+    test = rows("acc", "n_test")
+    val = rows("val_acc", "n_val") if "val_acc" in df and df["val_acc"].notna().any() else []
+    return test, val
+
+
+# ----------------------------------------------------------------------------- intervals and ties
+# 95% intervals (pipeline.results.intervals: a bootstrap over clients, tens of milliseconds each) are
+# remembered by the rows they come from, across refreshes and sessions of the server process: a page that
+# re-reads every few seconds recomputes only what a new round changed.
+
+MEMO_SIZE = 4096
+_memo: OrderedDict = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _remembered(key: tuple, compute):
+    with _memo_lock:
+        if key in _memo:
+            _memo.move_to_end(key)
+            return _memo[key]
+    value = compute()
+    with _memo_lock:
+        _memo[key] = value
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+    return value
+
+
+def _fingerprint(s: RunSeries) -> tuple:
+    """What a run's intervals depend on: its client rows (a new round, or rows rewritten by a resumed run,
+    change it)."""
+    return s.run_id, len(s.clients), hash(tuple(s.clients)), len(s.val_clients), hash(tuple(s.val_clients))
+
+
+INTERVAL_KEYS = ("maua_low", "maua_high", "final_low", "final_high", "test_se", "n_clients", "val_maua")
+
+
+def run_intervals(s: RunSeries) -> dict:
+    """The comparison row's interval columns of one run (pipeline.results.compare: its MAUA and final
+    accuracy with 95% intervals over its clients, ...), remembered; all None when the run has fewer than
+    two clients evaluated (no interval to draw)."""
+    def compute() -> dict:
+        try:
+            return compare._run_intervals(s)
+        except ValueError:  # one client: nothing to resample
+            return dict.fromkeys(INTERVAL_KEYS)
+
+    return _remembered(("run", _fingerprint(s)), compute)
+
+
+def _maua_interval(s: RunSeries) -> Interval | None:
+    iv = run_intervals(s)
+    return None if iv["maua_low"] is None or s.maua is None else Interval(s.maua, iv["maua_low"], iv["maua_high"], "")
+
+
+def paired(a: RunSeries, b: RunSeries) -> Interval | None:
+    """a - b in MAUA, paired by client (pipeline.results.intervals.paired_difference), when the two runs can be
+    paired as the report pairs them: the same seed, and the same clients with the same test splits. None
+    otherwise (another seed or partition, or no client rows)."""
+    if a.seed != b.seed or a.run_id == b.run_id:
+        return None
+    first, second = (a, b) if a.run_id < b.run_id else (b, a)  # one bootstrap per pair, whichever way it is asked
+
+    def compute() -> Interval | None:
+        x, y = first.accuracies(), second.accuracies()
+        if x is None or y is None:
+            return None
+        try:
+            return paired_difference([x], [y], "maua")
+        except ValueError:  # other clients or test splits (another partition), or one client
+            return None
+
+    diff = _remembered(("pair", _fingerprint(first), _fingerprint(second)), compute)
+    if diff is None or first is a:
+        return diff
+    return Interval(-diff.estimate, -diff.high, -diff.low, diff.covers)
+
+
+@dataclass(frozen=True)
+class Versus:
+    """How run a compares with run b in MAUA: verdict "ahead" / "behind" / "tied", and how it was decided:
+    "paired" (the paired difference's 95% interval, `interval`), "overlap" (the two runs cannot be paired: their
+    own intervals, tied when they overlap) or "point" (a run without intervals: the MAUAs themselves)."""
+
+    verdict: str
+    how: str
+    interval: Interval | None = None
+
+    def text(self) -> str:
+        if self.how == "paired":
+            return f"paired difference {percent(self.interval, signed=True)} points"
+        return {"overlap": "95% intervals overlap (not paired: another seed or partition)",
+                "point": "no interval (no per-client rows)"}.get(self.how, self.how)
+
+
+def versus(a: RunSeries, b: RunSeries) -> Versus:
+    """a against b in MAUA (Versus): paired when they can be (paired), else by their own intervals."""
+    diff = paired(a, b)
+    if diff is not None:
+        return Versus(diff.verdict, "paired", diff)
+    x, y = _maua_interval(a), _maua_interval(b)
+    if x is not None and y is not None:
+        verdict = "ahead" if x.low > y.high else "behind" if x.high < y.low else "tied"
+        return Versus(verdict, "overlap")
+    if a.maua is None or b.maua is None:
+        return Versus("tied", "point")
+    return Versus("ahead" if a.maua > b.maua else "behind" if a.maua < b.maua else "tied", "point")
+
+
+def maua_leaders(runs: list[RunSeries]) -> tuple[list[str], dict[str, Versus]]:
+    """The runs a "best MAUA" mark may go to: the run of the highest MAUA and every run tied with it (versus);
+    one run only when it is ahead of every other. Returns (their run ids, the highest first; each other
+    leader's Versus against the highest)."""
+    placed = [s for s in runs if s.maua is not None]
+    if not placed:
+        return [], {}
+    top = max(placed, key=lambda s: s.maua)
+    ties = {}
+    for s in placed:
+        if s is not top:
+            v = versus(top, s)
+            if v.verdict != "ahead":
+                ties[s.run_id] = v
+    return [top.run_id, *ties], ties
+
+
+def best_maua_text(runs: list[RunSeries], leaders: list[str], ties: dict[str, Versus], name) -> str:
+    """One sentence under the table about the highest MAUA, in words that follow the intervals."""
+    if not leaders:
+        return ""
+    if len(leaders) == 1:
+        if len(runs) < 2:
+            return ""
+        return (f"Highest MAUA: {name(leaders[0])}, ahead of every other selected run (95% intervals, paired by "
+                "client where two runs share a seed and partition).")
+    return (f"Highest MAUA: tied between {', '.join(name(r) for r in leaders)} (all marked): "
+            + "; ".join(f"{name(leaders[0])} vs {name(r)}: {v.text()}" for r, v in ties.items())
+            + ". No single best run.")
 
 
 def has_sim_time(curves: pd.DataFrame) -> bool:
@@ -433,19 +597,39 @@ def default_baseline(algorithms) -> str:
     return "fedavg" if "fedavg" in set(algorithms) else COSTLIEST
 
 
+TABLE_INTERVALS = ["maua_low", "maua_high", "final_low", "final_high"]  # 95% intervals (pipeline.results.intervals)
+
+
 def comparison_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
-                     baseline: str = "fedavg") -> pd.DataFrame:
-    """pipeline.results.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST)."""
-    rows = comparison(series(snap, run_ids), target, include_setup, baseline=baseline)
+                     baseline: str = "fedavg", runs: list[RunSeries] | None = None) -> pd.DataFrame:
+    """pipeline.results.compare.comparison of the runs, speed-ups against `baseline` (an algorithm, or COSTLIEST),
+    with MAUA and final accuracy's 95% intervals (NaN for a run with fewer than two clients evaluated). `runs`:
+    series(snap, run_ids) when the caller has them already."""
+    runs = series(snap, run_ids) if runs is None else runs
+    # the intervals once per run's rows (run_intervals remembers them), not again for every table built
+    rows = comparison([replace(s, clients=[], val_clients=[]) for s in runs], target, include_setup, baseline=baseline)
+    for row, s in zip(rows, runs):
+        row.update(run_intervals(s))
     # the simulated clock's columns only when a run has simulated time (a plain comparison stays as it was)
     timed = [] if not any(r["sim_time_s"] is not None for r in rows) else ["time_to_target", "waiting_share", "sim_time_s"]
     df = pd.DataFrame(rows, columns=["algorithm", "setting", "run_id", "rounds", "maua", "final_acc", "bytes_total",
                                      "bytes_setup", "bytes_training", "target_acc", "bytes_to_target", *timed[:2],
-                                     "speedup", "speedup_target", "speedup_vs", *timed[2:]])
+                                     "speedup", "speedup_target", "speedup_vs", *timed[2:], *TABLE_INTERVALS])
+    df[TABLE_INTERVALS] = df[TABLE_INTERVALS].astype(float)
     status = snap.runs.set_index("run_id")["status_shown"]
     df.insert(3, "status", [status.get(r, "") for r in df["run_id"]])
     df.insert(0, "run", [snap.label(r) for r in df["run_id"]])
     return df
+
+
+def accuracy_text(value, low=None, high=None) -> str:
+    """'71.3% [68.7, 73.9]': an accuracy with its 95% interval, to the precision the interval supports
+    (pipeline.results.intervals.percent); '71.30%' without an interval, '—' without a value."""
+    if value is None or pd.isna(value):
+        return "—"
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return f"{value:.2%}"
+    return percent(Interval(float(value), float(low), float(high), ""))
 
 
 PAPER_COLUMNS = ["run", "run_id", "table", "maua", "paper_maua", "difference", "gb_total", "gb_to_target",
@@ -453,11 +637,12 @@ PAPER_COLUMNS = ["run", "run_id", "table", "maua", "paper_maua", "difference", "
 
 
 def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup: bool = True,
-                figures: list | None = None) -> pd.DataFrame:
+                figures: list | None = None, run_series: list[RunSeries] | None = None) -> pd.DataFrame:
     """Each selected run beside the FedCache paper's figures for its (dataset, method, setting)
     (paper/fedcache_tables.csv); runs the paper has no row for are left out. The measured speed-up is
     against the paper's reference method of that table (pFedMe for Table 5, FedDKC for Table 6) when
-    a run of it is selected, else None. `difference`: MAUA minus the paper's, in points."""
+    a run of it is selected, else None. `difference`: MAUA minus the paper's, in points. `run_series`: series(snap,
+    run_ids) when the caller has them."""
     from pipeline.results import paper
 
     figures = paper.load() if figures is None else figures
@@ -470,8 +655,10 @@ def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup
             if hit is not None:
                 matched[rid] = hit
     rows = []
+    if matched and run_series is None:
+        run_series = series(snap, run_ids)  # once, for every reference's table
     for reference in sorted({p.reference for p in matched.values()}):
-        table = comparison_frame(snap, run_ids, target, include_setup, reference).set_index("run_id")
+        table = comparison_frame(snap, run_ids, target, include_setup, reference, run_series).set_index("run_id")
         for rid, p in matched.items():
             if p.reference != reference or rid not in table.index:
                 continue
@@ -536,9 +723,13 @@ def fmt_bytes(n, missing: str = "—") -> str:
 
 
 def display_table(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFrame:
-    """comparison_frame for people: bytes as KB/MB/GB, 'not reached' instead of empty, the speed-up
-    as '2.50x' and what it is measured against ('fedavg at 64.0%')."""
+    """comparison_frame for people: MAUA and final accuracy with their 95% interval ('71.3% [68.7, 73.9]'),
+    bytes as KB/MB/GB, 'not reached' instead of empty, the speed-up as '2.50x' and what it is measured
+    against ('fedavg at 64.0%')."""
     out = table.copy()
+    for col, (low, high) in (("maua", ("maua_low", "maua_high")), ("final_acc", ("final_low", "final_high"))):
+        out[col] = [accuracy_text(v, lo, hi) for v, lo, hi in zip(table[col], table.get(low, [None] * len(table)),
+                                                                 table.get(high, [None] * len(table)))]
     for col in ("bytes_total", "bytes_setup", "bytes_training"):
         out[col] = [fmt_bytes(v) for v in table[col]]
     out["bytes_to_target"] = [fmt_bytes(v, NOT_REACHED) for v in table["bytes_to_target"]]
@@ -603,13 +794,14 @@ def shown_as(values: pd.DataFrame, shown: pd.DataFrame, columns: list[str]) -> S
     return styler
 
 
-def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
-    """comparison_frame as display_table shows it, each shown column sorting by its number: bytes
-    ('not reached' as +inf: after every number) and the speed-up ('no bytes sent' +inf, 'not reached'
-    -inf: the cheapest first and the misses last when sorted from the top)."""
+def sortable_table(table: pd.DataFrame, include_setup: bool = True, leaders: list[str] | None = None) -> Styler:
+    """comparison_frame as display_table shows it, each shown column sorting by its number: MAUA and final
+    accuracy by the estimate (shown with its interval), bytes ('not reached' as +inf: after every number)
+    and the speed-up ('no bytes sent' +inf, 'not reached' -inf: the cheapest first and the misses last when
+    sorted from the top). `leaders`: the run ids the best-MAUA mark goes to (maua_leaders; see mark_best)."""
     shown = display_table(table, include_setup).reset_index(drop=True)
     values = shown.copy()
-    for col in BYTES_COLUMNS:
+    for col in ("maua", "final_acc", *BYTES_COLUMNS):
         values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
     values["bytes_to_target"] = values["bytes_to_target"].fillna(math.inf)
     values["speedup"] = speedup_sort_values(table["speedup"], shown["speedup"])
@@ -617,24 +809,52 @@ def sortable_table(table: pd.DataFrame, include_setup: bool = True) -> Styler:
     for col in timed:  # seconds and shares sort as numbers; not reached / no clock last
         values[col] = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
         values[col] = values[col].fillna(math.inf)
-    styler = shown_as(values, shown, [*BYTES_COLUMNS, "speedup", *timed])
-    return mark_best(styler, values)
+    styler = shown_as(values, shown, ["maua", "final_acc", *BYTES_COLUMNS, "speedup", *timed])
+    return mark_best(styler, values, leaders)
 
 
 BEST = "font-weight: bold; background-color: rgba(89, 161, 79, 0.18)"
+TIED = "font-weight: bold; background-color: rgba(237, 201, 72, 0.22)"  # tied leaders: none of them is the best
 
 
-def mark_best(styler: Styler, values: pd.DataFrame) -> Styler:
-    """The answer at a glance: the best MAUA, and the fewest bytes among the runs that send any."""
-    def best(column: pd.Series, pick) -> list[str]:
-        candidates = column[column > 0] if pick == "min" else column
+def overlap_leaders(values: pd.DataFrame) -> list[int]:
+    """Rows of the highest MAUA and of every run whose 95% interval (maua_low, maua_high) overlaps its: the
+    leaders when the runs cannot be paired. Without interval columns, the rows of the highest MAUA."""
+    maua = pd.to_numeric(values["maua"], errors="coerce")
+    if maua.dropna().empty:
+        return []
+    top = int(maua.idxmax())
+    if "maua_low" not in values or pd.isna(values.at[top, "maua_low"]):
+        return [i for i, v in maua.items() if v == maua[top]]
+    low = pd.to_numeric(values["maua_low"], errors="coerce")
+    high = pd.to_numeric(values["maua_high"], errors="coerce")
+    # a run without an interval beside runs with one: tied unless the top's interval is above its MAUA
+    return [i for i, v in maua.items()
+            if pd.notna(v) and (i == top or (high[i] if pd.notna(high[i]) else v) >= low[top])]
+
+
+def mark_best(styler: Styler, values: pd.DataFrame, leaders: list[str] | None = None) -> Styler:
+    """The answer at a glance: the fewest bytes among the runs that send any (bytes are exact), and the best
+    MAUA only when one run is ahead of every other. When the highest MAUA is tied with another run (their
+    paired difference's 95% interval contains 0 or, where they cannot be paired, their intervals overlap), no
+    run is the best: every tied leader is marked alike, in the TIED style (the caption says "tied").
+    `leaders`: run ids (maua_leaders: paired where possible); None: by overlap_leaders on `values`."""
+    if leaders is not None:
+        rows = [i for i, r in enumerate(values["run_id"]) if r in set(leaders)] if "run_id" in values else []
+    else:
+        rows = overlap_leaders(values.reset_index(drop=True))
+    style = BEST if len(rows) == 1 else TIED
+
+    def maua(column: pd.Series) -> list[str]:
+        return [style if i in rows else "" for i in range(len(column))]
+
+    def fewest(column: pd.Series) -> list[str]:
+        candidates = column[column > 0]
         if candidates.dropna().empty:
             return [""] * len(column)
-        target = candidates.min() if pick == "min" else candidates.max()
-        return [BEST if v == target else "" for v in column]
+        return [BEST if v == candidates.min() else "" for v in column]
 
-    return (styler.apply(lambda c: best(c, "max"), subset=["maua"])
-            .apply(lambda c: best(c, "min"), subset=["bytes_total"]))
+    return styler.apply(maua, subset=["maua"]).apply(fewest, subset=["bytes_total"])
 
 
 def run_algorithms(snap: Snapshot, run_ids: list[str]) -> dict[str, str]:
@@ -849,9 +1069,12 @@ def group_curves(snap: Snapshot, curves: pd.DataFrame, run_ids: list[str]) -> pd
     return out[cols]
 
 
-def group_table(snap: Snapshot, table: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+def group_table(snap: Snapshot, table: pd.DataFrame, run_ids: list[str],
+                runs: list[RunSeries] | None = None) -> pd.DataFrame:
     """comparison_frame aggregated per seed group: n seeds, mean and std of MAUA, final accuracy,
-    bytes total and bytes to target (over the runs that reach it: n_reached), speed-up mean."""
+    bytes total and bytes to target (over the runs that reach it: n_reached), speed-up mean; and the
+    group's MAUA over its seeds with its 95% interval (pipeline.results.compare.method_rows: maua_estimate,
+    maua_low, maua_high, seeds, covers; NaN without client rows). `runs`: series(snap, run_ids) if known."""
     df = table.assign(group=table["run_id"].map(_groups_of(snap, run_ids)))
     out = df.groupby("group", sort=False).agg(
         algorithm=("algorithm", "first"), setting=("setting", "first"), n=("run_id", "size"),
@@ -859,13 +1082,71 @@ def group_table(snap: Snapshot, table: pd.DataFrame, run_ids: list[str]) -> pd.D
         bytes_total_mean=("bytes_total", "mean"), bytes_to_target_mean=("bytes_to_target", "mean"),
         bytes_to_target_std=("bytes_to_target", "std"), n_reached=("bytes_to_target", "count"),
         speedup_mean=("speedup", "mean"), target_acc=("target_acc", "first"),
-        speedup_vs=("speedup_vs", "first"), speedup_target=("speedup_target", "first"))
-    return out.reset_index()
+        speedup_vs=("speedup_vs", "first"), speedup_target=("speedup_target", "first")).reset_index()
+    rows = {r["label"]: r for r in method_rows(named_series(snap, series(snap, run_ids) if runs is None else runs,
+                                                              group_seeds=True))}
+    for key, col in (("maua", "maua_estimate"), ("maua_low", "maua_low"), ("maua_high", "maua_high"),
+                     ("seeds", "seeds"), ("covers", "covers")):
+        out[col] = [rows[g][key] if g in rows else None for g in out["group"]]
+    out[["maua_estimate", "maua_low", "maua_high"]] = out[["maua_estimate", "maua_low", "maua_high"]].astype(float)
+    return out
+
+
+def named_series(snap: Snapshot, runs: list[RunSeries], group_seeds: bool = False) -> list[RunSeries]:
+    """The runs named as the page shows them, for pipeline.results.compare's grouping by name and setting: each
+    run by its legend label, or (group_seeds) by its seed group's, so that a group's seeds pair with another
+    group's by seed (compare.method_rows, compare.differences)."""
+    names = _groups_of(snap, [s.run_id for s in runs]) if group_seeds else None
+    return [replace(s, label=names.get(s.run_id, snap.label(s.run_id)) if names is not None else snap.label(s.run_id))
+            for s in runs]
+
+
+def _key(runs: list[RunSeries]) -> tuple:
+    return tuple((s.name, s.algorithm, s.setting, s.seed, _fingerprint(s)) for s in runs)
+
+
+def method_rows(runs: list[RunSeries]) -> list[dict]:
+    """pipeline.results.compare.method_rows (each name over its seeds, with 95% intervals), remembered."""
+    return _remembered(("methods", _key(runs)), lambda: compare.method_rows(runs))
+
+
+def differences(runs: list[RunSeries]) -> list[dict]:
+    """pipeline.results.compare.differences (every run or group against local-only and FedCache of its setting,
+    paired, with "ahead" / "behind" / "tied"), remembered."""
+    return _remembered(("differences", _key(runs)), lambda: compare.differences(runs))
+
+
+DIFFERENCE_HEADER = ["method", "vs", "seeds", "MAUA difference, points [95% CI]", "verdict"]
+
+
+def difference_table(rows: list[dict]) -> pd.DataFrame:
+    """differences for people: each pair's MAUA difference with its interval ('+1.8 [-3.0, +7.1]', points, to
+    the interval's precision) and the verdict ("tied" whenever the interval contains 0); a pair that could
+    not be paired says why."""
+    out = []
+    for r in rows:
+        if r.get("maua_diff") is None:
+            out.append([r["label"], r["vs"], r["seeds"], f"— ({r['note']})", ""])
+        else:
+            out.append([r["label"], r["vs"], r["seeds"], percent(difference_interval(r), signed=True),
+                        r["maua_verdict"]])
+    return pd.DataFrame(out, columns=DIFFERENCE_HEADER)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A small table as Markdown (no data grid: the page keeps one, bench/dashboard_load.py)."""
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
 
 
 def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
-    """group_table for people: MAUA '81.2% ± 0.5% (3 seeds)', bytes to target '1.2 MB ± 0.1 MB (3 seeds)'
-    ('2 of 3 seeds' when some miss the target, 'not reached' when all do)."""
+    """group_table for people: MAUA over the seeds with its 95% interval '81.2% [80.1, 82.3] (3 seeds)' (mean ±
+    std without client rows), bytes to target '1.2 MB ± 0.1 MB (3 seeds)' ('2 of 3 seeds' when some miss the
+    target, 'not reached' when all do)."""
     def pm(mean, std, fmt) -> str:
         return fmt(mean) if pd.isna(std) else f"{fmt(mean)} ± {fmt(std)}"
 
@@ -873,8 +1154,15 @@ def display_group_table(groups: pd.DataFrame) -> pd.DataFrame:
         return f"({n} seed{'s' if n > 1 else ''})" if k == n else f"({k} of {n} seeds)"
 
     out = pd.DataFrame({"group": groups["group"], "algorithm": groups["algorithm"], "setting": groups["setting"]})
-    out["maua"] = [f"{pm(m, s, '{:.1%}'.format)} {seeds(n, n)}"
-                   for m, s, n in zip(groups["maua_mean"], groups["maua_std"], groups["n"])]
+    # MAUA over the seeds with its 95% interval (compare.method_rows; what it covers: `covers`), else mean ± std
+    low = groups["maua_low"] if "maua_low" in groups else pd.Series([None] * len(groups), index=groups.index)
+    high = groups["maua_high"] if "maua_high" in groups else low
+    estimate = groups["maua_estimate"] if "maua_estimate" in groups else low
+    counted = groups["seeds"] if "seeds" in groups else groups["n"]
+    out["maua"] = [f"{pm(m, s, '{:.1%}'.format)} {seeds(n, n)}" if pd.isna(lo) or pd.isna(k) else
+                   f"{accuracy_text(e, lo, hi)} {seeds(int(k), int(k))}"
+                   for m, s, n, e, lo, hi, k in zip(groups["maua_mean"], groups["maua_std"], groups["n"], estimate,
+                                                    low, high, counted)]
     out["final_acc"] = groups["final_acc_mean"]
     out["bytes_total"] = [fmt_bytes(v) for v in groups["bytes_total_mean"]]
     out["bytes_to_target"] = [NOT_REACHED if k == 0 else f"{pm(m, s, fmt_bytes)} {seeds(k, n)}" for m, s, k, n in zip(
@@ -890,7 +1178,8 @@ def sortable_group_table(groups: pd.DataFrame) -> Styler:
     (+inf when no seed reaches it) and the speed-up (-inf when not reached)."""
     shown = display_group_table(groups).reset_index(drop=True)
     values = shown.copy()
-    values["maua"] = groups["maua_mean"].to_numpy(dtype=float)
+    values["maua"] = (groups["maua_estimate"].fillna(groups["maua_mean"]) if "maua_estimate" in groups
+                      else groups["maua_mean"]).to_numpy(dtype=float)
     values["bytes_total"] = groups["bytes_total_mean"].to_numpy(dtype=float)
     values["bytes_to_target"] = [m if k > 0 else math.inf
                                  for m, k in zip(groups["bytes_to_target_mean"], groups["n_reached"])]
@@ -1070,14 +1359,47 @@ def with_param(runs: pd.DataFrame, key: str, values: list[str]) -> pd.DataFrame:
     return runs[keep]
 
 
-def pareto_points(table: pd.DataFrame, include_setup: bool = True) -> pd.DataFrame:
-    """comparison_frame's runs as (run, algorithm, maua, bytes) with `frontier`: no other run has at least
-    its MAUA with at most its bytes, one of them strictly (the accuracy-vs-bytes trade-off's best runs).
-    Bytes are the run's total up to its last round (set-up included or not). Runs without a MAUA are left out."""
+def pareto_points(table: pd.DataFrame, include_setup: bool = True,
+                  runs: list[RunSeries] | None = None) -> pd.DataFrame:
+    """comparison_frame's runs as (run, algorithm, maua with maua_low/maua_high, bytes) placed against the
+    accuracy-vs-bytes trade-off, counting ties. Bytes are the run's total up to its last round (set-up included
+    or not): counted, exact. MAUA is an estimate with a 95% interval, so a run is beaten only when another run
+    with no more bytes is ahead of it with an interval that excludes a tie (versus: the paired difference when
+    the two can be paired, else their own intervals; with `runs` None, or a run without intervals, the
+    intervals in the table, else the MAUAs themselves). Columns:
+    `frontier`: no other run beats it so (on the frontier or its band);
+    `tied`: on it, but tied in MAUA with another such run (the frontier's band: neither is the better);
+    `tied_with`: those runs' names. Runs without a MAUA are left out."""
     bytes_col = "bytes_total" if include_setup else "bytes_training"
-    pts = table.loc[table["maua"].notna(), ["run", "algorithm", "setting", "maua", bytes_col]].rename(
+    cols = ["run", "run_id", "algorithm", "setting", "maua", *(c for c in ("maua_low", "maua_high") if c in table),
+            bytes_col]
+    pts = table.loc[table["maua"].notna(), [c for c in cols if c in table]].rename(
         columns={bytes_col: "bytes"}).reset_index(drop=True)
+    for c in ("maua_low", "maua_high"):
+        if c not in pts:
+            pts[c] = float("nan")
     pts["bytes"] = pts["bytes"].astype(float)
-    maua, sent = pts["maua"].to_numpy(dtype=float), pts["bytes"].to_numpy()
-    pts["frontier"] = [not any((maua >= m) & (sent <= b) & ((maua > m) | (sent < b))) for m, b in zip(maua, sent)]
+    pts["maua"] = pts["maua"].astype(float)
+    found = {s.run_id: s for s in runs or []}
+
+    def verdict(i: int, j: int) -> str:
+        """Row i against row j in MAUA: "ahead", "behind" or "tied"."""
+        a, b = (found.get(pts.at[k, "run_id"]) if "run_id" in pts else None for k in (i, j))
+        if a is not None and b is not None:
+            return versus(a, b).verdict
+        x, y = pts.loc[i], pts.loc[j]
+        if pd.notna(x["maua_low"]) and pd.notna(y["maua_low"]):
+            return "ahead" if x["maua_low"] > y["maua_high"] else "behind" if x["maua_high"] < y["maua_low"] else "tied"
+        return "ahead" if x["maua"] > y["maua"] else "behind" if x["maua"] < y["maua"] else "tied"
+
+    n = len(pts)
+    cheaper = [[j for j in range(n) if j != i and pts.at[j, "bytes"] <= pts.at[i, "bytes"]] for i in range(n)]
+    # the likeliest winner first (the highest MAUA): most runs off the frontier take one comparison
+    beaten = [any(verdict(j, i) == "ahead" for j in sorted(cheaper[i], key=lambda j: -pts.at[j, "maua"]))
+              for i in range(n)]
+    pts["frontier"] = [not b for b in beaten]
+    on = [i for i in range(n) if not beaten[i]]
+    ties = {i: [pts.at[j, "run"] for j in on if j != i and verdict(i, j) == "tied"] for i in on}
+    pts["tied"] = [bool(ties.get(i)) for i in range(n)]
+    pts["tied_with"] = [", ".join(ties.get(i, [])) for i in range(n)]
     return pts.sort_values(["bytes", "maua"], ascending=[True, False], kind="stable").reset_index(drop=True)

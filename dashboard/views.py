@@ -18,6 +18,9 @@ from pipeline.data import datasets
 from pipeline.errors import InputFileError
 
 RUN_COLUMN_PX = 144  # a run's label ('fedcache/homo d663c8') in a table
+# '71.3% [68.7, 73.9]' (an accuracy with its 95% interval, intervals.percent): 102 px of 14 px Source Sans, plus the
+# cell's 2 x 8 px padding; the MAUA column's a little more, for a bold (marked) cell
+MAUA_COLUMN_PX, FINAL_COLUMN_PX = 128, 120
 
 log = logging.getLogger("dashboard")
 QUERY, SAME_CLIENT, OTHER_CLIENT, WRONG_LABEL = (20, 20, 20), (170, 170, 170), (255, 140, 0), (220, 0, 0)
@@ -61,13 +64,23 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     target = st.number_input("Target mean accuracy (for bytes to target and speed-up)", min_value=0.0, max_value=1.0,
                              step=0.01, format="%.2f", key="target")
     st.query_params["target"] = f"{target:g}"
-    table = data.comparison_frame(snap, ids, target, include_setup, baseline)
+    table = data.comparison_frame(snap, ids, target, include_setup, baseline, runs=series)
     if group_seeds:
-        _group_table(snap, table, ids, target, include_setup)
+        _group_table(snap, table, ids, target, include_setup, series)
     else:
-        _run_table(table, target, include_setup)
-    _pareto(table, labels, include_setup)
-    _paper_table(snap, ids, target, include_setup)
+        leaders, ties = data.maua_leaders(series)
+        _run_table(table, target, include_setup, leaders,
+                   data.best_maua_text(series, leaders, ties, snap.label))
+    # the curves next (they need no interval), then what compares runs with 95% intervals
+    _curves(snap, series, curves, zero, labels, charts_area, group_seeds)
+    _differences(snap, series, group_seeds)
+    _pareto(table, labels, include_setup, series)
+    _paper_table(snap, ids, target, include_setup, series)
+
+
+def _curves(snap: data.Snapshot, series: list, curves: pd.DataFrame, zero: pd.DataFrame, labels: dict[str, str],
+            charts_area, group_seeds: bool) -> None:
+    """The accuracy curves (against round or time, and against bytes), drawn into `charts_area` above the table."""
     with charts_area:
         axes = ["round", "time", *(["sim"] if data.has_sim_time(curves) else [])]  # sim: runs on simulated devices
         if st.session_state.get("acc_x") not in axes:
@@ -102,9 +115,26 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
                            help="Mean accuracy and cumulative bytes per round of the selected runs (one row per run and round)")
 
 
-def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool) -> None:
-    """MAUA against bytes with the Pareto frontier: which runs no other run beats on both."""
-    points = data.pareto_points(table, include_setup)
+def _differences(snap: data.Snapshot, series: list, group_seeds: bool) -> None:
+    """Each run (or seed group) against local-only and FedCache of its setting: the paired MAUA difference with its
+    95% interval and the word that follows it (pipeline.results.compare.differences)."""
+    rows = data.differences(data.named_series(snap, series, group_seeds))
+    if not rows:
+        return
+    # Markdown, not a second data grid: the overview keeps one (bench/dashboard_load.py)
+    st.markdown("**Paired differences** (each against local-only and FedCache of its setting)\n\n"
+                + data.markdown_table(data.difference_table(rows)))
+    how = next((r["covers"] for r in rows if r.get("covers")), "")
+    st.caption("MAUA minus the reference's, in points, paired by client within a seed and by seed across seeds"
+               + (f"; 95% intervals over {how}" if how else "") + '. "ahead" or "behind" only when the interval '
+               'excludes 0, otherwise "tied": the runs are not told apart. Pairs need a seed in common and the same '
+               "clients (partition).")
+
+
+def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, series: list | None = None) -> None:
+    """MAUA (with its 95% interval) against bytes (exact) with the Pareto frontier: the runs no other run beats
+    on both, a tie in MAUA counting as no win (data.pareto_points)."""
+    points = data.pareto_points(table, include_setup, series)
     if points.empty:
         return
     left, right = st.columns([3, 2])
@@ -112,13 +142,26 @@ def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool) ->
         chart = charts.pareto(points, labels)
         st.altair_chart(chart, width="stretch")
         figure_downloads(chart, "pareto_maua_vs_bytes", "fig_pareto")
-    best = points[points["frontier"]]
     # a list, not a grid: a second data grid on the first tab cost ~0.8 s of page load (bench/dashboard_load.py)
-    right.markdown("**On the frontier**: no other selected run has a higher MAUA for as few bytes\n\n"
-                   + "\n".join(f"- {run}: {maua:.1%}, {data.fmt_bytes(sent)}"
-                                for run, maua, sent in zip(best["run"], best["maua"], best["bytes"])))
+    firm, band = points[points["frontier"] & ~points["tied"]], points[points["frontier"] & points["tied"]]
+
+    def item(row) -> str:
+        return f"- {row.run}: {data.accuracy_text(row.maua, row.maua_low, row.maua_high)}, {data.fmt_bytes(row.bytes)}"
+
+    text = []
+    if len(firm):
+        text.append("**On the frontier**: no other selected run is ahead of it for as few bytes, nor tied with it "
+                    "on the frontier\n\n" + "\n".join(item(r) for r in firm.itertuples()))
+    if len(band):
+        text.append("**Tied, on the frontier's band**: no other run is ahead of it for as few bytes, but it is tied in "
+                    "MAUA with another run there (neither is the better)\n\n"
+                    + "\n".join(f"{item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
+    right.markdown("\n\n".join(text))
     right.caption(f"Bytes: {'all' if include_setup else 'training'} traffic up to each run's last round"
-                  f"{'' if include_setup else ' (set-up left out)'}. Hollow points: a frontier run beats them.")
+                  f"{'' if include_setup else ' (set-up left out)'}; counted, so exact (no error bar). Error bars: "
+                  "MAUA's 95% interval over clients. A run is off the frontier (hollow) only when another run with no "
+                  "more bytes is ahead of it beyond a tie: their paired difference's interval (same seed and "
+                  "clients), else their own intervals not overlapping. Pale: tied.")
 
 
 def url_target() -> float | None:
@@ -130,30 +173,36 @@ def url_target() -> float | None:
     return value if 0 < value <= 1 else None
 
 
-def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
-    """The comparison table, one row per run."""
+def _run_table(table: pd.DataFrame, target: float, include_setup: bool, leaders: list[str] | None = None,
+               best: str = "") -> None:
+    """The comparison table, one row per run; `leaders` get the best-MAUA mark (data.mark_best), `best` says why."""
     text, number = st.column_config.TextColumn, st.column_config.NumberColumn
     # numbers underneath, KB/MB/GB and '2.50x' on screen (data.sortable_table): a click on a header sorts
     # by the numbers. No `format` on those columns: a column_config format would replace the text.
     # Widths in px: every column fits the main area of a 1280 px window beside the sidebar (the bytes
     # without set-up are total minus set-up, and in the CSV).
     st.dataframe(
-        data.sortable_table(table, include_setup),
+        data.sortable_table(table, include_setup, leaders),
         hide_index=True, width="stretch",
         column_config={
             "run": text("run", width=RUN_COLUMN_PX), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
-            "status": text("status", width=62), "rounds": number("rounds", width=52),
-            "maua": number("MAUA", format="percent", width=62, help="max over rounds of the mean user accuracy"),
-            "final_acc": number("final", format="percent", width=58, help="mean user accuracy of the last round"),
+            "status": text("status", width=62),
+            # the intervals' text is wide: the rounds (the caption above has each run's last round) and the set-up
+            # bytes (the Communication tab, the CSV) give way to it
+            "rounds": None, "bytes_setup": None, **{c: None for c in data.TABLE_INTERVALS},
+            "maua": number("MAUA [95% CI]", width=MAUA_COLUMN_PX,
+                           help="max over rounds of the mean user accuracy, with its 95% interval over clients (a "
+                                "bootstrap: clients and test sampling, not the seed); sorts by the estimate"),
+            "final_acc": number("final [95% CI]", width=FINAL_COLUMN_PX,
+                                help="mean user accuracy of the last round, with its 95% interval over clients"),
             "bytes_total": number("bytes", width=72, help="up + down, set-up included"),
             "bytes_training": None,
-            "bytes_setup": number("set-up", width=64, help="the one-time set-up traffic (round 0)"),
             "bytes_to_target": number(f"to {target:.0%}", width=70,
                                       help="cumulative bytes when the mean accuracy first reaches the target"),
-            "speedup": number(f"speed-up to {target:.0%}", width=106,
-                              help="bytes the baseline (same setting) needs to reach the level in 'vs' "
-                                   "over this run's bytes to reach it"),
-            "speedup_vs": text("vs", width=130, help="the baseline run of the same setting and the accuracy compared at: the "
+            "speedup": number("speed-up", width=96,
+                              help=f"to {target:.0%}: bytes the baseline (same setting) needs to reach the level in "
+                                   "'vs' over this run's bytes to reach it"),
+            "speedup_vs": text("vs", width=122, help="the baseline run of the same setting and the accuracy compared at: the "
                                           "target, or the baseline's best accuracy when it misses the target"),
             # present when a selected run has simulated time (devices.enabled; docs/devices.md)
             **({"time_to_target": number(f"time to {target:.0%}", width=80,
@@ -163,17 +212,20 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool) -> None:
                                              "server used: idle while a sync round waits for its slowest client, or "
                                              "dropped (deadline, offline)")} if "time_to_target" in table else {}),
         })
-    st.caption(f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
+    st.caption((best + " " if best else "")
+               + "Intervals: 95% over clients, per run: two runs are compared by their paired difference (below). "
+               f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
                "Speed-up compares runs of the same setting (homo/hetero), against the baseline picked in the sidebar; "
                "a setting without a run of that method falls back to its costliest run reaching the target. "
-               "The CSV has the raw numbers (bytes).")
+               "The CSV has the raw numbers (bytes, rounds, the intervals' bounds).")
     st.download_button("Download table (CSV)", data.csv_table(table, include_setup), "comparison.csv", "text/csv")
 
 
-def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_setup: bool) -> None:
+def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_setup: bool,
+                 series: list | None = None) -> None:
     """The selected runs beside the FedCache paper's Tables 5 and 6 (same dataset, method and setting)."""
     try:
-        frame = data.paper_frame(snap, ids, target, include_setup)
+        frame = data.paper_frame(snap, ids, target, include_setup, run_series=series)
     except InputFileError as err:
         st.warning(f"The paper's figures could not be read: {err}")
         return
@@ -200,13 +252,16 @@ def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_set
                "the target.")
 
 
-def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool) -> None:
-    """The comparison table with one row per seed group (per-run comparison aggregated: mean ± std)."""
-    groups = data.group_table(snap, table, ids)
+def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool,
+                 series: list | None = None) -> None:
+    """The comparison table with one row per seed group (per-run comparison aggregated: MAUA over the seeds with
+    its 95% interval, the rest mean ± std)."""
+    groups = data.group_table(snap, table, ids, series)
     number = st.column_config.NumberColumn  # sorting by the means, showing mean ± std (data.sortable_group_table)
     st.dataframe(data.sortable_group_table(groups), hide_index=True, width="stretch", column_config={
         "group": "runs (seed group)",
-        "maua": number("MAUA", help="mean ± std over the seeds of the max mean user accuracy"),
+        "maua": number("MAUA [95% CI]", help="the max mean user accuracy over the seeds, with its 95% interval (3 "
+                                             "or more seeds: a t interval over them; fewer: a bootstrap over clients)"),
         "final_acc": number("final acc (mean)", format="percent"),
         "bytes_total": number("bytes total (mean)"),
         "bytes_to_target": number(f"bytes to {target:.0%}", help="mean ± std over the seeds that reach the target"),
@@ -214,7 +269,9 @@ def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], targe
                           help="mean of the runs' speed-ups against the sidebar's baseline"),
         "speedup_vs": st.column_config.TextColumn("vs", help="the baseline run and the accuracy compared at (the "
                                                              "group's first run)")})
-    st.caption(f"One row per seed group (runs whose params differ only in `seed`). Bytes to target "
+    how = "; ".join(dict.fromkeys(f"{c}" for c in groups["covers"].dropna())) if "covers" in groups else ""
+    st.caption(f"One row per seed group (runs whose params differ only in `seed`). MAUA intervals: 95%, "
+               f"{how or 'none (no per-client rows)'}. Bytes to target "
                f"{'include' if include_setup else 'exclude'} the one-time set-up traffic. The CSV has the raw numbers.")
     st.download_button("Download table (CSV)", groups.to_csv(index=False), "comparison_seeds.csv", "text/csv")
 

@@ -560,8 +560,15 @@ def test_seed_group_curves_and_table(tmp_path):
     assert groups.at[group, "n"] == 3 and groups.at[group, "n_reached"] == 3
     assert groups.at[group, "maua_mean"] == pytest.approx(table.set_index("run_id").loc[fed, "maua"].mean())
     assert groups.at[group, "maua_std"] == pytest.approx(table.set_index("run_id").loc[fed, "maua"].std())
+    # across seeds: the MAUA over the 3 seeds with a t interval over them (pipeline.results.intervals)
+    mauas = table.set_index("run_id").loc[fed, "maua"]
+    half = 4.302652729911275 * mauas.std() / 3 ** 0.5  # t(0.975, 2 degrees of freedom)
+    assert (groups.at[group, "maua_low"], groups.at[group, "maua_high"]) == pytest.approx(
+        (mauas.mean() - half, mauas.mean() + half))
+    assert groups.at[group, "seeds"] == 3 and groups.at[group, "covers"].startswith("3 seeds (t interval")
     shown = data.display_group_table(groups.reset_index()).set_index("group")
-    assert shown.at[group, "maua"].endswith("(3 seeds)") and " ± " in shown.at[group, "maua"]
+    assert shown.at[group, "maua"] == f"{mauas.mean():.1%} [{(mauas.mean() - half) * 100:.1f}, " \
+                                      f"{(mauas.mean() + half) * 100:.1f}] (3 seeds)"
     assert shown.at[group, "bytes_to_target"].endswith("(3 seeds)")
     assert shown.at["local/homo ffffff", "maua"].endswith("(1 seed)")
     assert shown.at["local/homo ffffff", "bytes_to_target"] == "not reached"
