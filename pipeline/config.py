@@ -247,6 +247,9 @@ class DevicesParams(Section):
     online_mean_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # None: always online
     offline_mean_s: float = Field(600.0, gt=0, allow_inf_nan=False)
     trace: str | None = None  # a FedScale device-capacity file (pickle) or a .csv: replaces the drawn speeds
+    # the server's speed, training samples per second of reference_model (its compute: 3 forward passes of FLOPs a
+    # sample); None: the server's compute takes no simulated time
+    server_samples_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @field_validator("trace")
     @classmethod

@@ -330,6 +330,45 @@ def test_pdfl_times_the_peer_copies_its_clients_train(tiny_workspace, mnist, tmp
         assert plan.times[k].compute_s == pytest.approx(samples / clock.samples_per_s(k), rel=1e-12)
 
 
+def _server_flops(trainer: Trainer, method: str, selected: list[int]) -> float:
+    """The server's FLOPs in round 1, by docs/devices.md's formulas, from the run's sizes."""
+    server, ctx = trainer.algorithm, trainer.algorithm.ctx
+    n = sum(len(ctx.client_sample_ids(k)) for k in selected)
+    C, K = ctx.num_classes, ctx.num_clients
+    if method == "fedavg":  # the sample-weighted mean: a multiply and an add per uploaded number
+        return 2.0 * len(selected) * sum(t.numel() for t in server.global_state.values())
+    if method == "fedcache":  # each teacher: R neighbours' C logits, weighted and summed, and divided
+        R = server.cache.relations.shape[1]
+        return n * (2 * R * C + R + C)
+    if method == "fd":  # the leave-one-out means of the [K, C, C] class logits (once a round)
+        return 3.0 * K * C * C
+    if method == "feddkc":  # A4^S trained on every uploaded sample, server_epochs times, 3 forward passes each
+        features = ctx.initial_model(0).stem(torch.zeros(1, *ctx.input_shape))
+        return server.epochs * n * 3 * forward_flops(server.model, tuple(features.shape[1:]))
+    raise AssertionError(method)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedcache", "fd", "feddkc"])
+def test_the_servers_compute_takes_its_time_after_the_last_upload(tiny_workspace, mnist, tmp_path, method):
+    """Issue 36: with devices.server_samples_per_s S the server computes 3 x S x (the reference architecture's forward
+    FLOPs) a second, and a round's server work (its downloads and answers, the aggregation, a server model's
+    training) is timed after the round's last upload: the next round starts that much later. null (the default):
+    no time, as before."""
+    _, params, part = tiny_workspace
+    params = with_section(tiny(params, method), "devices", enabled=True, trace=_trace(tmp_path, part))
+    params = with_section(params, "fedcache", consistency="round")
+    for speed in (None, 2.0):
+        trainer = _trainer(with_section(params, "devices", server_samples_per_s=speed), part, mnist, f"s{speed}",
+                           method)
+        trainer.start()
+        trainer.run_round(1)
+        plan, clock = trainer.sim.last_plan, trainer.sim.clock
+        server_s = 0.0 if speed is None else _server_flops(trainer, method, list(plan.times)) / (
+            3 * clock.reference_flops * speed)
+        assert clock.now - plan.end == pytest.approx(server_s, rel=1e-9, abs=1e-12)
+        assert speed is None or server_s > 0
+
+
 def test_a_resumed_run_continues_the_clock(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     params = with_section(params, "devices", enabled=True, trace=_trace(tmp_path, part, slow=0))

@@ -84,6 +84,7 @@ class ParameterAveraging(Method):
 
     def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
         ups = list(uploads.values())
+        self.count_work(2.0 * sum(t.numel() for u in ups for t in u.payloads[0].arrays.values()))  # a mul, an add each
         return weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
 
     def aggregate(self, round_, uploads):

@@ -15,9 +15,10 @@ A selected client's round, from the instant the round starts (docs/devices.md):
 
 Its upload completes at start + the sum of the four. After the last round, what a method sends every client
 for the last evaluation (`Method.final_downloads`, MTFL's before_local) arrives over each client's downlink
-from the round's end, paused while it is offline (`Clock.deliver`). What the server does (aggregation, FedDKC's server
-model) and evaluation take no simulated time; neither does a method's client work outside its phases other
-than extra_samples (pDFL's attention fitting and neighbours' forward passes).
+from the round's end, paused while it is offline (`Clock.deliver`). The server's compute of a round (the FLOPs
+its method counts, `Method.count_work`) is timed after the round's last upload at `devices.server_samples_per_s`
+(`Clock.serve`; null: no time). Evaluation takes no simulated time; neither does a method's client work outside
+its phases other than extra_samples (pDFL's attention fitting and neighbours' forward passes).
 
 When a round ends (`train.schedule`):
   sync      when the last participating client's upload completes;
@@ -48,7 +49,7 @@ import torch
 from torch import nn
 
 from models.resnet import build_model
-from pipeline.federation.devices import Device
+from pipeline.federation.devices import TRAIN_FACTOR, Device
 
 SYNC, DEADLINE = "sync", "deadline"
 
@@ -187,7 +188,8 @@ class Clock:
     """The federation's simulated time: its devices, each client's architecture cost, the current instant."""
 
     def __init__(self, devices: list[Device], client_flops: list[float], reference_flops: float,
-                 schedule: str = SYNC, deadline_s: float | None = None, deadline_quantile: float | None = None):
+                 schedule: str = SYNC, deadline_s: float | None = None, deadline_quantile: float | None = None,
+                 server_samples_per_s: float | None = None):
         if len(devices) != len(client_flops):
             raise ValueError(f"{len(devices)} devices for {len(client_flops)} clients")
         self.devices = devices
@@ -196,6 +198,9 @@ class Clock:
         self.schedule = schedule
         self.deadline_s = deadline_s
         self.deadline_quantile = deadline_quantile
+        # the server's FLOPs a second: training samples of the reference architecture, 3 forward passes each
+        self.server_flops_per_s = (None if server_samples_per_s is None
+                                   else server_samples_per_s * TRAIN_FACTOR * self.reference_flops)
         self.now = 0.0
 
     def samples_per_s(self, k: int) -> float:
@@ -239,6 +244,13 @@ class Clock:
         self.now = max(done.values(), default=self.now)
         return done
 
+    def serve(self, flops: float) -> float:
+        """The server computes `flops` from the clock's instant (after a round's last upload); returns the seconds,
+        and moves the clock on by them. No server speed (devices.server_samples_per_s null): no time."""
+        seconds = 0.0 if self.server_flops_per_s is None else flops / self.server_flops_per_s
+        self.now += seconds
+        return seconds
+
     def deliver(self, down_bytes: dict[int, int]) -> dict[int, float]:
         """After the last round: client k receives down_bytes[k] over its downlink from the clock's instant,
         while it is online (an offline period pauses the transfer, which resumes when the client is next online:
@@ -276,4 +288,4 @@ def build_clock(params, devices: list[Device], models: list[nn.Module], input_sh
         flops.append(costs[signature])
     t = params.train
     return Clock(devices, flops, architecture_flops(params.devices.reference_model, input_shape, num_classes),
-                 t.schedule, t.deadline_s, t.deadline_quantile)
+                 t.schedule, t.deadline_s, t.deadline_quantile, params.devices.server_samples_per_s)

@@ -273,6 +273,16 @@ class Method:
         """What every client evaluates with besides its own model (e.g. FedAvg's global model)."""
         return []
 
+    def count_work(self, flops: float) -> None:
+        """Note floating-point operations the server half computed (making downloads and per-step answers, folding
+        uploads in, training a server model): the simulated clock times them (`take_work`, docs/devices.md)."""
+        self._work = getattr(self, "_work", 0.0) + float(flops)
+
+    def take_work(self) -> float:
+        """The FLOPs noted since the last call; the engine takes a round's after its aggregation."""
+        work, self._work = getattr(self, "_work", 0.0), 0.0
+        return work
+
     def final_downloads(self, round_: int) -> dict[int, list[Payload]]:
         """After the last round (`round_`): what the server sends each client for the last evaluation to read,
         where that evaluation reads what a download brings and no next round's download will (MTFL's

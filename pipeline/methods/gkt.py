@@ -29,6 +29,7 @@ import torch
 
 from models.server import build_server_model
 from pipeline.federation.clients import Client
+from pipeline.federation.clock import forward_flops
 from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -98,6 +99,7 @@ class GKTServer(Method):
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
                                          weight_decay=t.weight_decay)
         self.knowledge: dict[int, torch.Tensor] = {}  # client -> server logits of its training samples
+        self.model_flops: dict[tuple[int, ...], float] = {}  # A4^S's forward FLOPs per sample, by feature shape
         self.train_acc = float("nan")  # A4^S on the round's uploads, while it trained
 
     def wire(self, k):
@@ -128,6 +130,10 @@ class GKTServer(Method):
         client_logits = torch.cat([a["logits"] for a in arrays.values()])
         owner = torch.cat([torch.full((len(a["labels"]),), k) for k, a in arrays.items()])
         produced = torch.empty_like(client_logits)
+        shape = tuple(feats.shape[1:])
+        if shape not in self.model_flops:
+            self.model_flops[shape] = forward_flops(self.model, shape)
+        self.count_work(self.epochs * len(labels) * 3 * self.model_flops[shape])  # training: 3 forward passes a sample
         dev, dtype = self.ctx.device, next(self.model.parameters()).dtype  # float32 travels; the model's own dtype trains
         self.model.train()
         for epoch in range(self.epochs):

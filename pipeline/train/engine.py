@@ -206,6 +206,9 @@ class Simulation:
                 uploads = {k: u for k, u in uploads.items() if k in arrived}
             if uploads:  # every participant dropped: the server has nothing to fold in
                 server.aggregate(round_, uploads)
+        work = server.take_work()  # the server's compute of the round: timed after its last upload
+        if clock is not None:
+            clock.serve(work)
         if round_ == self.last_round:
             self._final_downloads(round_)
 

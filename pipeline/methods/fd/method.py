@@ -84,6 +84,7 @@ class FD(Method):
 
     def configure(self, round_, selected):
         teachers = leave_one_out(self.means, self.held)  # from uploads as of round start
+        self.count_work(3.0 * self.means.numel())  # the leave-one-out means: the sum, less each own, divided
         downloads = {}
         for k in selected:
             classes = torch.nonzero(~torch.isnan(teachers[k, :, 0]) & self.classes[k]).flatten()

@@ -220,6 +220,7 @@ class FedAlt(Method):
                 for k in selected}
 
     def aggregate(self, round_, uploads):
+        self.count_work(2.0 * sum(t.numel() for up in uploads.values() for p in up.payloads for t in p.arrays.values()))
         self.global_state = aggregate(self.global_state, [
             ({int(p.kind.removeprefix("block")): p.arrays for p in up.payloads}, up.kept["weight"])
             for up in uploads.values()])

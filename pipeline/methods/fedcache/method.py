@@ -158,14 +158,21 @@ class FedCache(Method):
         self.cache.begin_round()
         if self.p.consistency != "round":
             return {k: [] for k in selected}
-        return {k: [Payload("knowledge", {"teacher": self.cache.fetch(self.ctx.client_sample_ids(k))})]
+        return {k: [Payload("knowledge", {"teacher": self._fetch(self.ctx.client_sample_ids(k))})]
                 for k in selected}
+
+    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+        """The teachers of these samples from the cache, the server's work noted: per teacher, its R neighbours'
+        C logits weighted and summed (2RC), their weights summed (R) and the C sums divided."""
+        R, C = self.cache.relations.shape[1], self.ctx.num_classes
+        self.count_work(len(ids) * (2 * R * C + R + C))
+        return self.cache.fetch(ids)
 
     def exchange(self, round_, uploads):
         downloads = {}
         for k, up in uploads.items():
             ids = up.arrays["sample_ids"]
-            downloads[k] = Payload("knowledge", {"teacher": self.cache.fetch(ids)})
+            downloads[k] = Payload("knowledge", {"teacher": self._fetch(ids)})
             self.cache.update(ids, up.arrays["logits"], round_)
         return downloads
 

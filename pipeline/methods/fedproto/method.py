@@ -329,6 +329,7 @@ class FedProto(Method):
     def aggregate(self, round_, uploads):
         for k, up in uploads.items():
             self._receive(k, up.payloads[0].arrays)
+        self.count_work(2.0 * self.protos.numel())  # the weighted sum over clients of [K, C, D] prototypes
         self.global_protos, self.global_has = aggregate(self.protos, self.counts, self.held, self.p.aggregation,
                                                         self.accuracy)
 

@@ -99,5 +99,6 @@ class PFedMe(ParameterAveraging):
         if self.beta == 1.0:
             self.global_state = mean
         else:  # integer buffers (BatchNorm's counter) are taken from the mean
+            self.count_work(3.0 * sum(t.numel() for t in mean.values()))
             self.global_state = {n: ((1 - self.beta) * self.global_state[n] + self.beta * t).to(t.dtype)
                                  if t.is_floating_point() else t for n, t in mean.items()}
