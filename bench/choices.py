@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -70,13 +71,25 @@ def _set(params, key: str, value):
 
 
 def run(name: str, seeds: list[int]) -> dict:
+    """Every candidate on every seed; the result file is written after each run, and a (candidate, seed) it
+    already holds for the same setting is not run again (a stopped measurement continues)."""
     choice = CHOICES[name]
-    runs = []
+    path = RESULTS / f"{name}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    same = old.get("setting") == choice["setting"] and old.get("candidates") == choice["candidates"]
+    runs = [r for r in old.get("runs", []) if same and r["seed"] in seeds]
+    result = {"choice": name, **{k: choice[k] for k in ("method", "key", "candidates", "default", "where", "why")},
+              "setting": choice["setting"], "seeds": seeds, "runs": runs, "cpu": cpu_model(),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+              "command": f".venv/bin/python bench/choices.py run {name} --seeds {' '.join(map(str, seeds))}"}
     for seed in seeds:
+        todo = [v for v in choice["candidates"] if not any(r["seed"] == seed and r["candidate"] == v for r in runs)]
+        if not todo:
+            continue
         overrides = deep_merge(deep_merge(choice["setting"], VALIDATION_ONLY), {"seed": seed})
         work = prepare_workspace(f"choices/{name}/seed{seed}", overrides, ("partition", "encode", "index"))
         base, part, ds = load_workspace(work)
-        for value in choice["candidates"]:
+        for value in todo:
             params = _set(base, choice["key"], value)
             start = time.perf_counter()
             summary = fresh_trainer(params, choice["method"], part, ds, run_name=f"{name}-{value}").run()
@@ -85,12 +98,9 @@ def run(name: str, seeds: list[int]) -> dict:
                          "val_final_acc": summary["val_final_acc"], "wall_s": round(wall, 1)})
             print(f"seed {seed} {choice['key']}={value}: validation MAUA {summary['val_maua']:.4f}, final "
                   f"{summary['val_final_acc']:.4f} ({wall:.0f} s)", flush=True)
-    result = {"choice": name, **{k: choice[k] for k in ("method", "key", "candidates", "default", "where", "why")},
-              "setting": choice["setting"], "seeds": seeds, "runs": runs, "cpu": cpu_model(),
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-              "command": f".venv/bin/python bench/choices.py run {name} --seeds {' '.join(map(str, seeds))}"}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=1) + "\n")
+        os.chdir(ROOT)  # load_workspace changed into the seed's folder; the next seed's is made from the root
     return result
 
 
