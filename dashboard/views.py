@@ -148,15 +148,13 @@ def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, se
     def item(row) -> str:
         return f"- {row.run}: {data.accuracy_text(row.maua, row.maua_low, row.maua_high)}, {data.fmt_bytes(row.bytes)}"
 
-    text = []
     if len(firm):
-        text.append("**On the frontier**: no other selected run is ahead of it for as few bytes, nor tied with it "
-                    "on the frontier\n\n" + "\n".join(item(r) for r in firm.itertuples()))
+        right.markdown("**On the frontier**: no other selected run is ahead of it for as few bytes, nor tied with it "
+                       "on the frontier\n\n" + "\n".join(item(r) for r in firm.itertuples()))
     if len(band):
-        text.append("**Tied, on the frontier's band**: no other run is ahead of it for as few bytes, but it is tied in "
-                    "MAUA with another run there (neither is the better)\n\n"
-                    + "\n".join(f"{item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
-    right.markdown("\n\n".join(text))
+        right.markdown("**Tied, on the frontier's band**: no other run is ahead of it for as few bytes, but it is tied "
+                       "in MAUA with another run there (neither is the better)\n\n"
+                       + "\n".join(f"{item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
     right.caption(f"Bytes: {'all' if include_setup else 'training'} traffic up to each run's last round"
                   f"{'' if include_setup else ' (set-up left out)'}; counted, so exact (no error bar). Error bars: "
                   "MAUA's 95% interval over clients. A run is off the frontier (hollow) only when another run with no "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import os
 import shutil
 import subprocess
@@ -740,3 +741,142 @@ def test_smoothing_draws_an_ema_per_run_and_keeps_the_measured_values():
     spec = charts.accuracy_vs_round(out.assign(round=[0, 1, 2, 0, 1], cum_s=0.0, cum_bytes=0, algorithm="fd"))
     assert [t.get("title") for t in spec.to_dict()["encoding"]["tooltip"]][2:4] == ["mean accuracy", "smoothed"]
     assert any(p.get("bind") == "scales" for p in spec.to_dict().get("params", []))  # zoom and pan
+
+
+# ----------------------------------------------------------------------------- 95% intervals and ties (issue 36)
+
+def _styles(styler) -> dict[tuple[int, str], str]:
+    """(row, column) -> the CSS a Styler gives that cell, for the cells it styles."""
+    styler._compute()
+    cols = list(styler.data.columns)
+    return {(r, cols[c]): "; ".join(f"{k}: {v}" for k, v in props) for (r, c), props in styler.ctx.items() if props}
+
+
+def test_the_comparison_carries_each_runs_95_percent_intervals(sample):
+    """series() gives each run its seed and its clients' rows, so the table's MAUA and final accuracy carry the
+    report's intervals (pipeline.results.compare over the same file's rows, read by the results store: another
+    path) and show them as '80% [74, 84]'. Defect it catches: series() without the client rows (every interval
+    NaN, the table showing bare percentages), or rows cut to one round (other bounds)."""
+    from pipeline.results.compare import comparison
+
+    ids = [sample.run_ids[k] for k in ("fedcache", "local", "fedcache_hetero")]
+    snap = data.load_snapshot(sample.results_db, ids)
+    runs = data.series(snap, ids)
+    assert [s.seed for s in runs] == [0, 0, 0]
+    assert [len(s.clients) for s in runs] == [sample_data.K * (sample_data.ROUNDS + 1)] * 3
+    assert [len(s.val_clients) for s in runs] == [sample_data.K * (sample_data.ROUNDS + 1)] * 3
+    table = data.comparison_frame(snap, ids, 0.6, runs=runs).set_index("run_id")
+    report = {r["run_id"]: r for r in comparison(ResultsDB(sample.results_db).series(ids), 0.6)}
+    for rid in ids:
+        for col in data.TABLE_INTERVALS:
+            assert table.at[rid, col] == pytest.approx(report[rid][col]), (rid, col)
+        assert table.at[rid, "maua_low"] < table.at[rid, "maua"] < table.at[rid, "maua_high"]
+    shown = data.display_table(table.reset_index()).set_index("run_id")
+    fed = table.loc[ids[0]]
+    assert shown.at[ids[0], "maua"] == "80% [74, 84]" == \
+        f"{fed['maua']:.0%} [{fed['maua_low'] * 100:.0f}, {fed['maua_high'] * 100:.0f}]"  # whole points: +-5
+    assert shown.at[ids[1], "maua"] == "64.6% [62.9, 66.6]"  # a narrower interval: tenths
+    assert data.accuracy_text(0.5) == "50.00%" and data.accuracy_text(None) == "—"  # no interval: no brackets
+
+
+def _tied(tmp_path, sample):
+    path = tmp_path / "tied.duckdb"
+    ids = sample_data.write_tied_runs(ResultsDB(path), sample.root)
+    picked = [ids["fedcache"], ids["variant"]]
+    snap = data.load_snapshot(path, picked)
+    return snap, picked, data.series(snap, picked)
+
+
+def test_two_runs_the_intervals_cannot_tell_apart_are_tied_and_neither_is_best(sample, tmp_path):
+    """On write_tied_runs' pair (0.2 points apart, clients 8 points apart): the paired difference's interval
+    contains 0, so the differences table says "tied", both runs get the same mark (TIED, not BEST), the caption
+    says "tied", and on the Pareto frontier (same bytes) neither is "on the frontier": both on its band.
+    Defects it catches: a best mark by the highest estimate (one BEST cell), leaders or frontier by the
+    estimates alone (one run, or the lower one off the frontier)."""
+    snap, picked, runs = _tied(tmp_path, sample)
+    rows = data.differences(data.named_series(snap, runs))
+    assert [(r["label"], r["vs"], r["maua_verdict"]) for r in rows] == [
+        ("fedcache (beta=2.0)/homo tiedb2", "fedcache/homo tieda1", "tied")]
+    assert rows[0]["maua_low"] < 0 < rows[0]["maua_high"]
+    shown = data.difference_table(rows)
+    assert shown["verdict"].tolist() == ["tied"] and re.fullmatch(r"[+-]\d+ \[-\d+, \+\d+\]", shown.iat[0, 3])
+
+    leaders, ties = data.maua_leaders(runs)
+    assert set(leaders) == set(picked) and [v.how for v in ties.values()] == ["paired"]
+    assert "tied between" in data.best_maua_text(runs, leaders, ties, snap.label)
+    table = data.comparison_frame(snap, picked, 0.6, runs=runs)
+    styles = _styles(data.sortable_table(table, leaders=leaders))
+    assert {k: v for k, v in styles.items() if k[1] == "maua"} == {(0, "maua"): data.TIED, (1, "maua"): data.TIED}
+    assert data.BEST not in [v for k, v in styles.items() if k[1] == "maua"]
+
+    pts = data.pareto_points(table, runs=runs).set_index("run")
+    assert pts["frontier"].all() and pts["tied"].all()  # both on the frontier's band, neither on the frontier itself
+    assert pts.at["fedcache/homo tieda1", "tied_with"] == "fedcache (beta=2.0)/homo tiedb2"
+
+
+def test_a_clear_leader_is_best_and_ahead(sample):
+    """The control: FedCache 16 points above local-only (6 clients): "ahead" in the differences, one BEST mark,
+    the caption names it without "tied", and local-only (no bytes) is on the frontier, not tied. Defect it
+    catches: everything called tied (a verdict that ignores the interval's sign)."""
+    ids = [sample.run_ids[k] for k in ("fedcache", "local")]
+    snap = data.load_snapshot(sample.results_db, ids)
+    runs = data.series(snap, ids)
+    rows = data.differences(data.named_series(snap, runs))
+    assert [(r["label"], r["vs"], r["maua_verdict"]) for r in rows] == [
+        ("fedcache/homo aaaaaa", "local/homo bbbbbb", "ahead")]
+    leaders, ties = data.maua_leaders(runs)
+    assert leaders == [ids[0]] and not ties
+    assert "tied" not in data.best_maua_text(runs, leaders, ties, snap.label)
+    table = data.comparison_frame(snap, ids, 0.6, runs=runs)
+    styles = _styles(data.sortable_table(table, leaders=leaders))
+    assert {k: v for k, v in styles.items() if k[1] == "maua"} == {(0, "maua"): data.BEST}
+    pts = data.pareto_points(table, runs=runs).set_index("run")
+    assert pts["frontier"].all() and not pts["tied"].any()  # local: nothing is cheaper; FedCache: ahead of it
+
+
+def test_without_pairing_overlapping_intervals_are_a_tie():
+    """Runs that cannot be paired (another seed or partition; here a table alone) are compared by their own
+    intervals: the best mark goes to every run whose interval overlaps the top's, and the frontier keeps a run
+    that a cheaper run is only ahead of by its estimate. Defect it catches: ties decided by the estimates."""
+    table = pd.DataFrame({
+        "run": ["top", "close", "apart", "costly_close", "free"], "run_id": ["a", "b", "c", "d", "e"],
+        "algorithm": ["fedcache", "fd", "fedavg", "fedproto", "local"], "setting": ["homo"] * 5,
+        "maua": [0.70, 0.68, 0.60, 0.66, 0.50], "maua_low": [0.65, 0.63, 0.58, 0.60, 0.48],
+        "maua_high": [0.75, 0.73, 0.62, 0.72, 0.52], "bytes_total": [1e6, 5e5, 2e6, 3e6, 0],
+        "bytes_training": [1e6, 5e5, 2e6, 3e6, 0]})
+    assert data.overlap_leaders(table) == [0, 1, 3]  # 'apart' (0.58-0.62) is below the top's 0.65
+    pts = data.pareto_points(table).set_index("run")
+    # 'apart': 'top' is ahead of it beyond a tie with fewer bytes; 'costly_close' overlaps every cheaper run's
+    # interval but 'free''s, and 'free' is below it: nobody beats it beyond a tie
+    assert pts["frontier"].to_dict() == {"free": True, "close": True, "top": True, "apart": False,
+                                         "costly_close": True}
+    assert pts["tied"].to_dict() == {"free": False, "close": True, "top": True, "apart": False,
+                                     "costly_close": True}
+    assert pts.at["costly_close", "tied_with"] == "top, close"
+
+
+def test_seed_groups_compare_across_seeds(sample, tmp_path):
+    """With Group seeds, runs are named by their seed group, so compare.differences pairs FedCache's 3 seeds with
+    local-only's 3 seeds seed by seed: the difference is the mean of the per-seed MAUA differences, with a t
+    interval over those 3 (by hand here). Defect it catches: the runs named one by one (9 pairs of one seed)."""
+    path = tmp_path / "seeds.duckdb"
+    db = ResultsDB(path)
+    ids = sample_data.write_seed_runs(db, sample.root)
+    local = {0: ids.pop(-1)}
+    for seed in (1, 2):
+        local[seed] = f"local-20260301-0099{seed:02d}-loc{seed:03d}"
+        sample_data.write_run(db, local[seed], "local", "homo", {**sample_data.params_for(sample.root), "seed": seed},
+                              np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.64 + 0.01 * seed),
+                              seed=20 + seed)
+    picked = [*ids.values(), *local.values()]
+    snap = data.load_snapshot(path, picked)
+    runs = data.series(snap, picked)
+    rows = [r for r in data.differences(data.named_series(snap, runs, group_seeds=True))
+            if r["vs"] == "local/homo ffffff (3 seeds)"]
+    assert [(r["label"], r["seeds"]) for r in rows] == [("fedcache/homo seed00 (3 seeds)", 3)]
+    maua = {s.run_id: s.maua for s in runs}
+    per_seed = np.array([maua[ids[k]] - maua[local[k]] for k in (0, 1, 2)])
+    half = 4.302652729911275 * per_seed.std(ddof=1) / 3 ** 0.5
+    assert (rows[0]["maua_diff"], rows[0]["maua_low"], rows[0]["maua_high"]) == pytest.approx(
+        (per_seed.mean(), per_seed.mean() - half, per_seed.mean() + half))
+    assert rows[0]["maua_verdict"] == "ahead" and rows[0]["covers"].startswith("3 seeds")

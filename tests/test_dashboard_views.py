@@ -1,12 +1,22 @@
-"""Single views called directly (Streamlit in bare mode: its calls draw nothing and return)."""
+"""Single views called directly (Streamlit in bare mode: its calls draw nothing and return), and the overview's
+95% intervals and ties through Streamlit's AppTest (the app on dashboard.sample_data's runs)."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import re
+from pathlib import Path
 
-from dashboard import stages, views
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
+
+from dashboard import data, sample_data, stages, views
 from dashboard.config import Config
 from pipeline.data.partition import make_partition, partition_stats, write_stats
+from pipeline.results.store import ResultsDB
 
 
 @pytest.fixture
@@ -49,3 +59,131 @@ def test_partition_view_without_stats_says_what_to_run(tmp_path, drawn_mixes):
     with pytest.raises(stages.InputMissing, match="dvc repro partition"):
         views.view_partition(_config(tmp_path), None, {})
     assert drawn_mixes == []
+
+
+# ----------------------------------------------------------------------------- the app, through AppTest: intervals, ties
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+INTERVAL = r"\d+(\.\d+)?% \[\d+(\.\d+)?, \d+(\.\d+)?\]"  # '80% [74, 84]', '64.6% [62.9, 66.6]' (intervals.percent)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    return sample_data.build_once(tmp_path_factory.getbasetemp() / "dashboard_sample")  # shared, read-only
+
+
+@pytest.fixture
+def app(sample, monkeypatch, repo_root):
+    """app(runs=None, **env) -> a run AppTest on the sample inputs (env on top; runs: ?runs= of the link)."""
+    monkeypatch.chdir(repo_root)
+
+    def _make(runs: list[str] | None = None, **env) -> AppTest:
+        for k, v in {**sample.env(), "FEDCACHE_DASHBOARD_REFRESH": "0", **env}.items():
+            monkeypatch.setenv(k, str(v))
+        at = AppTest.from_file(APP, default_timeout=90)
+        if runs:
+            at.query_params = {"runs": runs}
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
+        return at
+
+    return _make
+
+
+def _shown(el) -> pd.DataFrame:
+    """The text a dataframe element shows (its Styler's display values)."""
+    return convert_arrow_bytes_to_pandas_df(el.proto.arrow_data.styler.display_values)
+
+
+def _styled(el) -> dict[str, set[tuple[int, str]]]:
+    """CSS -> the (row, column) cells a dataframe element's Styler gives it."""
+    styler, columns = el.proto.arrow_data.styler, list(el.value.columns)
+    out: dict[str, set] = {}
+    for cells, css in re.findall(r"([^{}]+)\{\s*([^{}]*?)\s*\}", styler.styles):
+        for row, col in re.findall(rf"#T_{styler.uuid}_row(\d+)_col(\d+)", cells):
+            out.setdefault(css.strip().rstrip(";"), set()).add((int(row), columns[int(col)]))
+    return out
+
+
+def _markdown(at: AppTest, start: str) -> str:
+    return next((m.value for m in at.markdown if m.value.startswith(start)), "")
+
+
+def _captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def test_two_tied_runs_show_intervals_and_the_page_says_tied(app, sample, tmp_path):
+    """write_tied_runs' two runs (0.2 points apart, clients 8 points apart) opened by a link: the table shows
+    MAUA and final accuracy with their 95% interval, the paired-differences table says "tied", both MAUA cells
+    carry the tied mark (no best mark), the caption says "tied", and the Pareto list puts both on the frontier's
+    band, neither "On the frontier". Defects it catches: bare percentages, a winner crowned by its estimate
+    (the best mark on one run, no "tied" in the caption), a frontier that drops the lower estimate."""
+    path = tmp_path / "tied.duckdb"
+    ids = sample_data.write_tied_runs(ResultsDB(path), sample.root)
+    at = app(runs=[ids["fedcache"], ids["variant"]], FEDCACHE_RESULTS_DB=path)
+    table = at.dataframe[0]
+    shown = _shown(table).set_index("run_id")
+    for rid in ids.values():
+        assert re.fullmatch(INTERVAL, shown.at[rid, "maua"]) and re.fullmatch(INTERVAL, shown.at[rid, "final_acc"])
+    differences = _markdown(at, "**Paired differences**")
+    rows = [line for line in differences.splitlines() if line.startswith("| fedcache")]
+    assert len(rows) == 1 and rows[0].endswith("| tied |") and "| fedcache/homo tieda1 |" in rows[0]
+    assert re.search(r"\| [+-]\d+ \[-\d+, \+\d+\] \|", rows[0])  # the difference, with an interval around 0
+    styled = _styled(table)
+    assert styled.get(data.TIED) == {(0, "maua"), (1, "maua")}
+    assert not any(col == "maua" for cell in styled.get(data.BEST, ()) for col in cell[1:])
+    assert "Highest MAUA: tied between fedcache/homo tieda1, fedcache (beta=2.0)/homo tiedb2" in _captions(at)
+    assert _markdown(at, "**On the frontier**") == ""
+    band = _markdown(at, "**Tied, on the frontier's band**")
+    assert "- fedcache/homo tieda1: " in band and "- fedcache (beta=2.0)/homo tiedb2: " in band
+
+
+def test_the_sample_says_ahead_where_the_intervals_part_and_tied_where_they_do_not(app, sample):
+    """The sample's three runs: FedCache is "ahead" of local-only in the differences table (16 points, its interval
+    clear of 0), local-only (no bytes) is on the frontier, and the two FedCache runs (homo 80%, hetero 72%, 6
+    clients each) are tied: both marked alike, both on the frontier's band, the Pareto chart's points too.
+    Defects it catches: a verdict shown without its interval's sign ("tied" for FedCache vs local), the
+    frontier by the estimates (hetero off it)."""
+    at = app()
+    differences = _markdown(at, "**Paired differences**")
+    assert re.search(r"\| fedcache/homo aaaaaa \| local/homo bbbbbb \| 1 \| \+\d+ \[\+\d+, \+\d+\] \| ahead \|",
+                     differences), differences
+    assert re.fullmatch(r"\*\*On the frontier\*\*[^\n]*\n\n- local/homo bbbbbb: 64\.6% \[62\.9, 66\.6\], 0 B",
+                        _markdown(at, "**On the frontier**"))
+    band = _markdown(at, "**Tied, on the frontier's band**")
+    assert "- fedcache/homo aaaaaa: 80% [74, 84]" in band and "- fedcache/hetero cccccc: 72% [68, 78]" in band
+    table = at.dataframe[0]
+    runs = table.value["run"].tolist()
+    assert {runs[r] for r, _ in _styled(table)[data.TIED]} == {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}
+    spec = next(json.loads(c.proto.spec) for c in at.get("vega_lite_chart")
+                if "Pareto" in json.dumps(json.loads(c.proto.spec).get("title")))
+    points = pd.concat([convert_arrow_bytes_to_pandas_df(d.data.data) for d in
+                        next(c for c in at.get("vega_lite_chart") if "Pareto" in c.proto.spec).proto.datasets])
+    assert dict(zip(points["run"], points["status"])) == {"local/homo bbbbbb": "frontier",
+                                                          "fedcache/homo aaaaaa": "tied",
+                                                          "fedcache/hetero cccccc": "tied"}
+    bars = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rule" and "y2" in layer["encoding"]]
+    assert [b["encoding"]["y2"]["field"] for b in bars] == ["maua_high"]  # the MAUA's interval as error bars
+
+
+def test_seed_groups_report_intervals_across_seeds(app, sample, tmp_path):
+    """Group seeds on: FedCache's 3 seeds and local-only's 3 seeds are two rows whose MAUA carries a 95% interval
+    over the seeds, and the differences table pairs the two groups over their 3 seeds. Defect it catches: the
+    per-run differences (9 rows of 1 seed each) or the old 'mean ± std'."""
+    path = tmp_path / "seeds.duckdb"
+    db = ResultsDB(path)
+    sample_data.write_seed_runs(db, sample.root)
+    for seed in (1, 2):  # local-only's other seeds
+        sample_data.write_run(db, f"local-20260301-0099{seed:02d}-loc{seed:03d}", "local", "homo",
+                              {**sample_data.params_for(sample.root), "seed": seed},
+                              np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.64 + 0.01 * seed),
+                              seed=20 + seed)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert at.sidebar.toggle(key="group_seeds").value
+    shown = _shown(at.dataframe[0]).set_index("group")
+    assert re.fullmatch(INTERVAL + r" \(3 seeds\)", shown.at["fedcache/homo seed00 (3 seeds)", "maua"])
+    rows = [line for line in _markdown(at, "**Paired differences**").splitlines() if line.startswith("| fedcache")]
+    assert rows and all("| 3 |" in line for line in rows), rows
+    assert "3 seeds (t interval over seeds" in _captions(at)
