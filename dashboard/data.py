@@ -492,12 +492,12 @@ def paired(a: RunSeries, b: RunSeries) -> Interval | None:
     first, second = (a, b) if a.run_id < b.run_id else (b, a)  # one bootstrap per pair, whichever way it is asked
 
     def compute() -> Interval | None:
-        x, y = first.accuracies(), second.accuracies()
-        if x is None or y is None:
-            return None
         try:
+            x, y = first.accuracies(), second.accuracies()
+            if x is None or y is None:
+                return None
             return paired_difference([x], [y], "maua")
-        except ValueError:  # other clients or test splits (another partition), or one client
+        except ValueError:  # other clients or test splits (another partition), one client, or incomplete rows
             return None
 
     diff = _remembered(("pair", _fingerprint(first), _fingerprint(second)), compute)
@@ -1097,8 +1097,22 @@ def named_series(snap: Snapshot, runs: list[RunSeries], group_seeds: bool = Fals
     run by its legend label, or (group_seeds) by its seed group's, so that a group's seeds pair with another
     group's by seed (compare.method_rows, compare.differences)."""
     names = _groups_of(snap, [s.run_id for s in runs]) if group_seeds else None
-    return [replace(s, label=names.get(s.run_id, snap.label(s.run_id)) if names is not None else snap.label(s.run_id))
+    return [replace(s, label=names.get(s.run_id, snap.label(s.run_id)) if names is not None else snap.label(s.run_id),
+                    **({} if _resampled(s) else {"clients": [], "val_clients": []}))
             for s in runs]
+
+
+def _resampled(s: RunSeries) -> bool:
+    """Whether a run's client rows give an interval: two clients or more, every one at every evaluation (a run
+    without, such as one client's, is left out of compare's intervals as a run without rows is)."""
+    def compute() -> bool:
+        try:
+            acc = s.accuracies()
+        except ValueError:
+            return False
+        return acc is not None and len(acc.n) >= 2
+
+    return _remembered(("resampled", _fingerprint(s)), compute)
 
 
 def _key(runs: list[RunSeries]) -> tuple:
