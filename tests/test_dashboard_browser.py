@@ -3,7 +3,8 @@ Playwright's Python package; no browser download), against the sample inputs. Ch
 charts and the comparison table, the Pareto scatter, the SVG and PDF downloads, every tab (each
 click written into the URL, ?tab=), that a run written while the page is open shows up without a
 reload, that a link with runs, a target and a tab reproduces the view, that a damaged index falls
-back to the per-run files with a banner, and saves screenshots to artifacts/ (git-ignored).
+back to the per-run files with a banner, that two tied runs read "tied" with a bracketed 95% interval, and saves
+screenshots to artifacts/ (git-ignored).
 
 Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
 missing the test tries that once and skips, saying why, only if there is still none.
@@ -12,6 +13,7 @@ missing the test tries that once and skips, saying why, only if there is still n
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from dashboard import sample_data
+from pipeline.results.store import ResultsDB
 
 pytestmark = pytest.mark.slow  # end to end: a Streamlit server and a browser
 
@@ -245,6 +248,28 @@ def test_dashboard_in_chromium(chromium, server):
             expect(page.locator(f"{PANEL}:visible").get_by_text("All params of one run")).to_be_visible(timeout=90_000)
             assert_tab_in_url(page, "Params")
             assert parse_qs(urlsplit(page.url).query)["runs"] == [fedcache]
+
+            # two runs the 95% intervals cannot tell apart (sample_data.write_tied_runs), opened by a link: the
+            # paired-differences table has one row, whose verdict is "tied" and whose difference is a bracketed
+            # interval around 0; the caption says no run is best, and the Pareto list gives each run's MAUA with
+            # its interval. Defects it catches: a verdict by the estimates ("behind"), bare percentages.
+            tied = sample_data.write_tied_runs(ResultsDB(sample.results_db, lock_timeout_s=60), sample.root)
+            page.goto(f"{url}?runs={tied['fedcache']}&runs={tied['variant']}")
+            panel = page.locator(f"{PANEL}:visible")
+            expect(panel.locator(f"{TABLE} table").first).to_contain_text("fedcache (beta=2.0)/homo tiedb2")
+            differences = panel.locator('[data-testid="stMarkdown"] table').filter(has_text="MAUA difference")
+            expect(differences.locator("tbody tr")).to_have_count(1)
+            expect(differences.locator("tbody td").last).to_have_text("tied")
+            expect(differences.locator("tbody td").nth(3)).to_have_text(re.compile(r"[+-]\d+ \[-\d+, \+\d+\]"))
+            expect(panel.get_by_text("Highest MAUA: tied between")).to_be_visible()
+            band = panel.locator('[data-testid="stMarkdown"]').filter(has_text="Tied, on the frontier's band")
+            names = ("fedcache/homo tieda1", "fedcache (beta=2.0)/homo tiedb2")
+            interval = r": \d+% \[\d+, \d+\], "  # '79% [74, 86]': the MAUA with its interval
+            expect(band.locator("li")).to_have_text([re.compile(re.escape(n) + interval) for n in names])
+            expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+            page.screenshot(path=str(ARTIFACTS / "dashboard_tied.png"), full_page=True)
+            print(f"tied pair: verdict {differences.locator('tbody td').last.inner_text()!r}, difference "
+                  f"{differences.locator('tbody td').nth(3).inner_text()!r}")
 
             # a damaged index beside intact per-run files: those are shown, and a banner says why
             runs_dir = sample.results_db.parent / "runs"
