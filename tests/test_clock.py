@@ -215,7 +215,7 @@ def test_the_clock_changes_no_accuracy_or_byte(tiny_workspace, mnist):
 def test_one_device_ten_times_slower_makes_every_sync_round_ten_times_longer(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     slow = int(np.argmax(np.diff(part.train_offsets)))  # the client with most samples, the slowest of equals
-    params = with_section(params, "devices", enabled=True)
+    params = with_section(params, "devices", enabled=True, server_samples_per_s=None)  # the devices' time alone
     _, even = _run(with_section(params, "devices", trace=_trace(tmp_path, part)), part, mnist, "even")
     _, one_slow = _run(with_section(params, "devices", trace=_trace(tmp_path, part, slow, "slow.csv")), part, mnist,
                        "slow")
