@@ -563,9 +563,9 @@ def best_maua_text(runs: list[RunSeries], leaders: list[str], ties: dict[str, Ve
             return ""
         return (f"Highest MAUA: {name(leaders[0])}, ahead of every other selected run (95% intervals, paired by "
                 "client where two runs share a seed and partition).")
-    return (f"Highest MAUA: tied between {', '.join(name(r) for r in leaders)} (all marked): "
+    return (f"Highest MAUA: tied between {', '.join(name(r) for r in leaders)} (marked alike): "
             + "; ".join(f"{name(leaders[0])} vs {name(r)}: {v.text()}" for r, v in ties.items())
-            + ". No single best run.")
+            + ". None of them is ahead of the others.")
 
 
 def has_sim_time(curves: pd.DataFrame) -> bool:

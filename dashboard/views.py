@@ -152,7 +152,7 @@ def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, se
         right.markdown("**On the frontier**: no other selected run is ahead of it for as few bytes, nor tied with it "
                        "on the frontier\n\n" + "\n".join(item(r) for r in firm.itertuples()))
     if len(band):
-        right.markdown("**Tied, on the frontier's band**: no other run is ahead of it for as few bytes, but it is tied "
+        right.markdown("**Tied (the frontier's band)**: no other run is ahead of it for as few bytes, but it is tied "
                        "in MAUA with another run there (neither is the better)\n\n"
                        + "\n".join(f"{item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
     right.caption(f"Bytes: {'all' if include_setup else 'training'} traffic up to each run's last round"

@@ -262,7 +262,7 @@ def test_dashboard_in_chromium(chromium, server):
             expect(differences.locator("tbody td").last).to_have_text("tied")
             expect(differences.locator("tbody td").nth(3)).to_have_text(re.compile(r"[+-]\d+ \[-\d+, \+\d+\]"))
             expect(panel.get_by_text("Highest MAUA: tied between")).to_be_visible()
-            band = panel.locator('[data-testid="stMarkdown"]').filter(has_text="Tied, on the frontier's band")
+            band = panel.locator('[data-testid="stMarkdown"]').filter(has_text="Tied (the frontier's band)")
             names = ("fedcache/homo tieda1", "fedcache (beta=2.0)/homo tiedb2")
             interval = r": \d+% \[\d+, \d+\], "  # '79% [74, 86]': the MAUA with its interval
             expect(band.locator("li")).to_have_text([re.compile(re.escape(n) + interval) for n in names])

@@ -61,7 +61,7 @@ def test_partition_view_without_stats_says_what_to_run(tmp_path, drawn_mixes):
     assert drawn_mixes == []
 
 
-# ----------------------------------------------------------------------------- the app, through AppTest: intervals, ties
+# ---------------------------------------------------------------------------- the app, through AppTest: intervals, ties
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 INTERVAL = r"\d+(\.\d+)?% \[\d+(\.\d+)?, \d+(\.\d+)?\]"  # '80% [74, 84]', '64.6% [62.9, 66.6]' (intervals.percent)
@@ -118,8 +118,9 @@ def test_two_tied_runs_show_intervals_and_the_page_says_tied(app, sample, tmp_pa
     """write_tied_runs' two runs (0.2 points apart, clients 8 points apart) opened by a link: the table shows
     MAUA and final accuracy with their 95% interval, the paired-differences table says "tied", both MAUA cells
     carry the tied mark (no best mark), the caption says "tied", and the Pareto list puts both on the frontier's
-    band, neither "On the frontier". Defects it catches: bare percentages, a winner crowned by its estimate
-    (the best mark on one run, no "tied" in the caption), a frontier that drops the lower estimate."""
+    band, neither "On the frontier", and no text about them says "best" or "on the frontier". Defects it
+    catches: bare percentages, a winner crowned by its estimate (the best mark on one run, no "tied" in the
+    caption), a frontier that drops the lower estimate, a caption calling one of them best."""
     path = tmp_path / "tied.duckdb"
     ids = sample_data.write_tied_runs(ResultsDB(path), sample.root)
     at = app(runs=[ids["fedcache"], ids["variant"]], FEDCACHE_RESULTS_DB=path)
@@ -136,8 +137,10 @@ def test_two_tied_runs_show_intervals_and_the_page_says_tied(app, sample, tmp_pa
     assert not any(col == "maua" for cell in styled.get(data.BEST, ()) for col in cell[1:])
     assert "Highest MAUA: tied between fedcache/homo tieda1, fedcache (beta=2.0)/homo tiedb2" in _captions(at)
     assert _markdown(at, "**On the frontier**") == ""
-    band = _markdown(at, "**Tied, on the frontier's band**")
+    band = _markdown(at, "**Tied (the frontier's band)**")
     assert "- fedcache/homo tieda1: " in band and "- fedcache (beta=2.0)/homo tiedb2: " in band
+    said = "\n".join([band, *(c.value for c in at.caption if "tied" in c.value)]).lower()
+    assert "on the frontier" not in said and "best" not in said  # no word crowns either of two tied runs
 
 
 def test_the_sample_says_ahead_where_the_intervals_part_and_tied_where_they_do_not(app, sample):
@@ -152,7 +155,7 @@ def test_the_sample_says_ahead_where_the_intervals_part_and_tied_where_they_do_n
                      differences), differences
     assert re.fullmatch(r"\*\*On the frontier\*\*[^\n]*\n\n- local/homo bbbbbb: 64\.6% \[62\.9, 66\.6\], 0 B",
                         _markdown(at, "**On the frontier**"))
-    band = _markdown(at, "**Tied, on the frontier's band**")
+    band = _markdown(at, "**Tied (the frontier's band)**")
     assert "- fedcache/homo aaaaaa: 80% [74, 84]" in band and "- fedcache/hetero cccccc: 72% [68, 78]" in band
     table = at.dataframe[0]
     runs = table.value["run"].tolist()
