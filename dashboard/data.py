@@ -471,7 +471,7 @@ def run_intervals(s: RunSeries) -> dict:
     two clients evaluated (no interval to draw)."""
     def compute() -> dict:
         try:
-            return compare._run_intervals(s)
+            return compare.run_intervals(s)
         except ValueError:  # one client: nothing to resample
             return dict.fromkeys(INTERVAL_KEYS)
 

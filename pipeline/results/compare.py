@@ -124,7 +124,7 @@ def comparison(series: list[RunSeries], target: float | None, include_setup: boo
             "target_acc": target, "bytes_to_target": s.bytes_to_target(target, include_setup),
             "bytes_to_target_no_setup": s.bytes_to_target(target, include_setup=False),
             "sim_time_s": s.sim_time_s, "time_to_target": s.time_to_target(target), "waiting_share": s.waiting_share,
-            **_run_intervals(s),
+            **run_intervals(s),
         })
     for setting in {r["setting"] for r in rows}:
         group = [(r, s) for r, s in zip(rows, series) if r["setting"] == setting]
@@ -158,7 +158,7 @@ def _reference(group: list[tuple[dict, RunSeries]], target: float | None, baseli
     return max(reached, key=lambda s: s.bytes_to_target(target, include_setup)), target
 
 
-def _run_intervals(s: RunSeries) -> dict:
+def run_intervals(s: RunSeries) -> dict:
     """The run's MAUA and final accuracy with 95% intervals over its clients, the test-sampling standard error,
     and the validation split's MAUA (what defaults are chosen on). None where the run has no client rows."""
     acc = s.accuracies()

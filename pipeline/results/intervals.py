@@ -181,6 +181,8 @@ def decimals(half_width: float) -> int:
 def percent(iv: Interval, signed: bool = False) -> str:
     """'71.3% [68.7, 73.9]' (or '+1.8 [-3.0, +7.1]' points for a difference), to the interval's precision."""
     d = decimals(iv.half_width)
+    # rounded first, + 0.0: a value that rounds to zero prints as 0, never as "-0"
+    est, low, high = (round(v * 100, d) + 0.0 for v in (iv.estimate, iv.low, iv.high))
     if signed:
-        return f"{iv.estimate * 100:+.{d}f} [{iv.low * 100:+.{d}f}, {iv.high * 100:+.{d}f}]"
-    return f"{iv.estimate * 100:.{d}f}% [{iv.low * 100:.{d}f}, {iv.high * 100:.{d}f}]"
+        return f"{est:+.{d}f} [{low:+.{d}f}, {high:+.{d}f}]"
+    return f"{est:.{d}f}% [{low:.{d}f}, {high:.{d}f}]"
