@@ -17,7 +17,7 @@ PRESETS = REPO_ROOT / "presets"
 @pytest.mark.parametrize("name", presets.available(PRESETS))
 def test_every_preset_is_valid_and_its_flags_read_back(name):
     flat = presets.check(name, REPO_ROOT / "params.yaml", PRESETS)
-    assert flat
+    assert flat or presets.seeds(presets.preset_path(name, PRESETS))  # compare: params.yaml itself, on 3 seeds
     for flag in presets.flags(flat):
         key, value = flag.split("=", 1)
         assert yaml.safe_load(value) == flat[key], flag  # what `dvc exp run -S` will set
@@ -150,13 +150,11 @@ def test_both_clis_refuse_jobs_below_one_before_queueing_anything(cli, name):
     assert "dvc" not in done.stdout  # no queue command was printed, so none ran
 
 
-def test_the_compare_preset_is_every_peer_method_on_three_seeds():
-    """Fails if `seeds:` does not become one experiment per seed with that root seed (and the preset's methods)."""
+def test_the_compare_preset_is_params_yaml_on_three_seeds():
+    """Fails if `seeds:` does not become one experiment per seed with that root seed and nothing else changed."""
     planned = presets.plan("compare", [], REPO_ROOT / "params.yaml", PRESETS)
     assert [p.name for p in planned] == ["compare-s0", "compare-s1", "compare-s2"]
-    assert [p.settings["seed"] for p in planned] == [0, 1, 2]
-    assert all(p.settings["train.algorithms"] == ["fedcache", "fd", "fedavg", "fedproto", "local", "pdfl", "fedalt"]
-               for p in planned)
+    assert [p.settings for p in planned] == [{"seed": 0}, {"seed": 1}, {"seed": 2}]
 
 
 def test_seeds_times_experiments_and_a_bad_seed_list(tmp_path):
