@@ -127,7 +127,7 @@ def test_the_table_of_a_preset_of_experiments_names_each_run_by_its_schedule(tmp
 
     monkeypatch.chdir(tmp_path)
     planned = presets.plan("stragglers", [], REPO_ROOT / "params.yaml", PRESETS)
-    for exp, sim_s, final in (("stragglers-sync", 5.0, 0.70), ("stragglers-async", 1.0, 0.72)):
+    for exp, sim_s, final in (("stragglers-sync-s0", 5.0, 0.70), ("stragglers-async-s0", 1.0, 0.72)):
         folder = tmp_path / "results" / "experiments" / exp / "fedcache"
         run_id = f"fedcache-{exp}"
         label = f"fedcache (consistency=round, schedule={exp.split('-')[1]})"
