@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -200,16 +199,15 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
 def write_table(path: Path, name: str, table: str, target: float | None = None) -> None:
     """A preset's published table as a Markdown page: what produced it (the command, when, on which CPU), then the
     table, so that a page of figures is always generated from the result files, never typed."""
-    import platform
     from datetime import datetime, timezone
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    from pipeline.machine import cpu_description
+
     command = shlex.join(["python", "-m", "pipeline.experiments.presets", "table", name,
                           *(["--target", str(target)] if target is not None else []), "--write", str(path)])
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(f"# The `{name}` preset's table\n\nBack to [the docs index](index.md).\n\nGenerated {stamp} on "
-                    f"{cpu} ({os.cpu_count()} CPUs) by `{command}` from the runs the preset's experiments published "
+                    f"{cpu_description()} by `{command}` from the runs the preset's experiments published "
                     f"(`results/experiments/{name}-*/`); preset: `presets/{name}.yaml`.\n\n{table}\n")
 
 
