@@ -21,7 +21,7 @@ def test_damaged_partition_file(tiny_workspace):
 
 def test_foreign_partition_file(tiny_workspace):
     np.savez(paths.PARTITION, something_else=np.arange(3))
-    with pytest.raises(InputFileError, match=r"partition.npz is damaged or not a partition file.*KeyError"):
+    with pytest.raises(InputFileError, match=r"partition.npz is damaged, from an older version \(no validation split\) or not a partition file.*KeyError"):
         Partition.load(paths.PARTITION)
 
 

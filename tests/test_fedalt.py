@@ -275,7 +275,7 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     down1 = sum(size[b] for k in range(3) for b in range(1, sent[1, k] + 1))
     assert per_round == [(0, 0, 0), (1, 3 * whole, down1), (2, 3 * whole, 3 * whole)]
     assert summary["bytes_total"] == down1 + 9 * whole
-    assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global"}
+    assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global", "val_acc"}
     # acc_global: the global model (final exit) on every client's test split, the mean over clients
     model = copy.deepcopy(trainer.clients[0].model)
     model.load_state_dict(trainer.algorithm.global_state)

@@ -192,7 +192,7 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
     assert summary["bytes_total"] == sum(b for *_, b in expected)
 
     readings = {(r, name): v for r, name, v in metrics}
-    assert {name for _, name in readings} == {"acc_classifier", "acc_prototype"}
+    assert {name for _, name in readings} == {"acc_classifier", "acc_prototype", "val_acc"}
     assert set(rounds) == {r for r, _ in readings} == {0, 1, 2}
     assert readings[(0, "acc_prototype")] == pytest.approx(readings[(0, "acc_classifier")])  # no prototypes yet
     used = "acc_prototype" if fedproto["eval"] == "prototype" else "acc_classifier"

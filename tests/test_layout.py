@@ -79,7 +79,7 @@ def test_every_pipeline_module_sits_in_a_known_layer():
     loose = [m for m in MODULES if m.startswith("pipeline.") and layer(m) not in ALLOWED]
     assert not loose, f"modules outside the layout (add them to a folder, or to BASE here): {loose}"
     top = sorted(p.name for p in (ROOT / "pipeline").iterdir() if p.suffix == ".py")
-    assert top == ["__init__.py", "config.py", "devices.py", "errors.py", "paths.py", "progress.py", "seeds.py"]
+    assert top == ["__init__.py", "config.py", "devices.py", "errors.py", "machine.py", "paths.py", "progress.py", "seeds.py"]
 
 
 def test_no_upward_imports():
