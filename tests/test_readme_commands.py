@@ -74,7 +74,7 @@ PLAN: list[tuple[str, str, str]] = [
      "tests/test_presets.py checks their params, tests/test_dvc_pipeline.py the queue on a tiny sweep"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets table \S+( --target \S+)?( --write \S+)?", "run",
      "prints a preset's published runs (none in the built copy)"),
-    (r"\.venv/bin/python -m pipeline\.experiments\.presets run compare", "excluded", "what make compare runs (below)"),
+    (r"\.venv/bin/python -m pipeline\.experiments\.presets run compare( -S \S+)*", "excluded", "what make compare runs (below)"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets run \S+", "shrunk", "a preset at the paper's scale"),
     (r"\.venv/bin/python -m pipeline\.experiments\.presets (list|show \S+)", "run", ""),
     (r"\.venv/bin/python -m pipeline\.experiments\.sweeps (list|show \S+)", "run", ""),
