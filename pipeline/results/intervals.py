@@ -181,6 +181,9 @@ def decimals(half_width: float) -> int:
 def percent(iv: Interval, signed: bool = False) -> str:
     """'71.3% [68.7, 73.9]' (or '+1.8 [-3.0, +7.1]' points for a difference), to the interval's precision."""
     d = decimals(iv.half_width)
+    if signed:  # a bound near 0 keeps the decimals that show its side of 0 (the word depends on it)
+        while d < 2 and any(round(v * 100, d) == 0 and v != 0 for v in (iv.low, iv.high)):
+            d += 1
     # rounded first, + 0.0: a value that rounds to zero prints as 0, never as "-0"
     est, low, high = (round(v * 100, d) + 0.0 for v in (iv.estimate, iv.low, iv.high))
     if signed:
