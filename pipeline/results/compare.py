@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -46,7 +47,16 @@ class RunSeries:
 
     def accuracies(self, split: str = "test") -> Accuracies | None:
         """Per-client accuracies for intervals (pipeline.results.intervals); None without client rows."""
-        return Accuracies.from_rows(self.clients if split == "test" else self.val_clients)
+        return self._test_accuracies if split == "test" else self._val_accuracies
+
+    # built once per run: every interval and pair reads them (a frozen dataclass still keeps a cached_property)
+    @cached_property
+    def _test_accuracies(self) -> Accuracies | None:
+        return Accuracies.from_rows(self.clients)
+
+    @cached_property
+    def _val_accuracies(self) -> Accuracies | None:
+        return Accuracies.from_rows(self.val_clients)
 
     @property
     def sim_time_s(self) -> float | None:
