@@ -123,9 +123,9 @@ def decide(result: dict) -> tuple[object, list[dict]]:
 
 
 def _t(values: list[float]):
-    from pipeline.results.intervals import Interval, _t_interval, covers
+    from pipeline.results.intervals import Interval, t_interval, covers
 
-    low, high = _t_interval(values)
+    low, high = t_interval(values)
     return Interval(sum(values) / len(values), low, high, covers(len(values)))
 
 

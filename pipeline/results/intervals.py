@@ -120,7 +120,7 @@ def bootstrap_percentile(n: int, statistic) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _t_interval(values: list[float]) -> tuple[float, float]:
+def t_interval(values: list[float]) -> tuple[float, float]:
     from scipy.stats import t
 
     mean, n = float(np.mean(values)), len(values)
@@ -140,7 +140,7 @@ def run_interval(seeds: list[Accuracies], name: str) -> Interval:
     """A run's MAUA or final accuracy, averaged over its seeds (one Accuracies each), with its interval."""
     estimate = float(np.mean([s.statistic(name) for s in seeds]))
     if len(seeds) >= 3:
-        low, high = _t_interval([float(s.statistic(name)) for s in seeds])
+        low, high = t_interval([float(s.statistic(name)) for s in seeds])
     else:
         def stat(*idx, axis=-1):
             return np.mean([s.statistic(name, i) for s, i in zip(seeds, idx)], axis=0)
@@ -160,7 +160,7 @@ def paired_difference(a: list[Accuracies], b: list[Accuracies], name: str) -> In
     per_seed = [float(x.statistic(name) - y.statistic(name)) for x, y in zip(a, b)]
     estimate = float(np.mean(per_seed))
     if len(a) >= 3:
-        low, high = _t_interval(per_seed)
+        low, high = t_interval(per_seed)
     else:
         def stat(*idx, axis=-1):
             return np.mean([x.statistic(name, i) - y.statistic(name, i) for x, y, i in zip(a, b, idx)], axis=0)
