@@ -356,3 +356,9 @@ def test_real_fashion_mnist_labels_with_the_default_params(repo_root):
     assert_test_mix_follows_train_mix(part)
     again = make_partition(ds.train_y, ds.test_y, ds.num_classes, p, params.seed)
     np.testing.assert_array_equal(again.train_index, part.train_index)
+
+
+def test_no_validation_split_when_a_full_data_partition_holds_nothing_out(synthetic_labels):
+    """Fails if val_holdout 0 (the paper presets: every sample trains) still takes samples from training."""
+    part = split(synthetic_labels, val_holdout=0.0)
+    assert len(part.val_index) == 0 and part.num_train == len(synthetic_labels[0])

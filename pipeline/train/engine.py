@@ -429,7 +429,8 @@ class Trainer:
         if round_ % t.eval_every == 0 or round_ == t.rounds:
             with timer("eval"):
                 rows, extras = self.sim.evaluate(round_)
-                val_rows, _ = self.sim.evaluate(round_, "val")
+                if any(len(c.y_val) for c in self.clients):  # none without a validation split (val_holdout 0)
+                    val_rows, _ = self.sim.evaluate(round_, "val")
         # the mean over clients that have a test sample (a tiny data share can leave one with none: NaN)
         extras.update(self._waiting(round_))
         tested = [a for _, a, n in rows if n > 0]
