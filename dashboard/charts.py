@@ -295,19 +295,24 @@ def _ablation_lines(points: pd.DataFrame) -> dict[str, str]:
 
 
 ABLATION_TIP = ["line", "value", alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
+                alt.Tooltip("maua_low:Q", format=".2%", title="95% low"),
+                alt.Tooltip("maua_high:Q", format=".2%", title="95% high"),
                 alt.Tooltip("bytes:Q", format=",", title="bytes"), alt.Tooltip("seeds:Q", title="seeds"), "runs"]
 
 
 def ablation_maua(points: pd.DataFrame, key: str) -> alt.Chart:
-    """MAUA against the swept value, one line per method in its colour (the paper's Figs. 6 and 7)."""
+    """MAUA against the swept value, one line per method in its colour (the paper's Figs. 6 and 7), each point
+    with its 95% interval as an error bar: two values whose bars overlap may well be tied."""
     points = points.dropna(subset=["maua"]).assign(value=lambda d: d["value"].map(_plain))
     lines = _ablation_lines(points)
-    return alt.Chart(points, title=f"MAUA vs {key}").mark_line(point=True).encode(
-        x=_swept_x(points, key),
-        y=alt.Y("maua:Q", title="MAUA", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
-        color=run_color(lines, field="line", title="method"), strokeDash=run_dash(lines, field="line", title="method"),
-        tooltip=ABLATION_TIP,
-    ).properties(height=HEIGHT)
+    base = alt.Chart(points).encode(
+        x=_swept_x(points, key), color=run_color(lines, field="line", title="method"))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("maua:Q", title="MAUA (95% interval)", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
+        strokeDash=run_dash(lines, field="line", title="method"), tooltip=ABLATION_TIP)
+    bars = base.transform_filter("isValid(datum.maua_low)").mark_rule(opacity=0.6).encode(
+        y="maua_low:Q", y2="maua_high:Q", tooltip=ABLATION_TIP)
+    return alt.layer(line, bars).properties(title=f"MAUA vs {key}", height=HEIGHT)
 
 
 def ablation_bytes(points: pd.DataFrame, key: str) -> alt.Chart:

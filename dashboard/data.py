@@ -36,7 +36,7 @@ import yaml
 from pipeline import paths
 from pipeline.results import compare
 from pipeline.results.compare import RunSeries, comparison, difference_interval
-from pipeline.results.intervals import Interval, paired_difference, percent
+from pipeline.results.intervals import Interval, paired_difference, percent, run_interval
 from pipeline.experiments.dvc import flatten
 from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
 
@@ -321,6 +321,8 @@ class Snapshot:
     read_at: float = field(default_factory=time.time)
     # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
     ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
+    # and their clients' rows (as `clients`): the Ablations tab's intervals
+    ablation_clients: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CLIENT_COLUMNS))
     # the selected runs' knowledge-cache metrics (CACHE_METRICS; run_id, round, name, value), and every run
     # in the DB that has them, selected or not (the Cache tab names them when none selected has any)
     metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
@@ -355,6 +357,10 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
             "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds WHERE run_id IN "
             f"({', '.join('?' * len(swept))}) ORDER BY run_id, round", swept).df() if swept else \
             pd.DataFrame(columns=ROUND_COLUMNS)
+        ablation_clients = con.execute(
+            "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val FROM client_rounds WHERE run_id IN "
+            f"({', '.join('?' * len(swept))}) ORDER BY run_id, round, client_id", swept).df() if swept else \
+            pd.DataFrame(columns=CLIENT_COLUMNS)
         clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val "
                        "FROM client_rounds WHERE run_id IN ({q}) ORDER BY run_id, round, client_id", CLIENT_COLUMNS)
         comm_rounds = read("comm", "SELECT run_id, round, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
@@ -379,23 +385,25 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
         df = df.sort_values("run_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
         frames.append(df)
     recorded = set(cache_runs)
-    return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, metrics=frames[4],
+    return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, ablation_clients=ablation_clients,
+                    metrics=frames[4],
                     cache_runs=[r for r in runs["run_id"] if r in recorded], waiting=waiting)  # oldest first
 
 
 # ----------------------------------------------------------------------------- derived views
 
-def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = None) -> list[RunSeries]:
+def series(snap: Snapshot, run_ids: list[str], rounds: pd.DataFrame | None = None,
+           clients: pd.DataFrame | None = None) -> list[RunSeries]:
     """pipeline.results.compare.RunSeries of the runs that have rounds, in the given order (rounds: snap.rounds,
     or another frame of its columns such as snap.ablation_rounds), with the run's `seed` (its params') and its
-    clients' accuracies on the test and validation splits (snap.clients: the selected runs'), so that the
-    comparison carries 95% intervals (pipeline.results.intervals)."""
+    clients' accuracies on the test and validation splits (clients: snap.clients, the selected runs', or
+    snap.ablation_clients), so that the comparison carries 95% intervals (pipeline.results.intervals)."""
     meta = snap.runs.set_index("run_id")
     rounds = snap.rounds if rounds is None else rounds
     waiting = snap.waiting.set_index("run_id")
     wanted = set(run_ids)
     per_run = {r: g for r, g in rounds.groupby("run_id", sort=False) if r in wanted} if not rounds.empty else {}
-    clients = snap.clients
+    clients = snap.clients if clients is None else clients
     per_client = {r: g for r, g in clients.groupby("run_id", sort=False) if r in wanted} if not clients.empty else {}
     out = []
     for run_id in dict.fromkeys(run_ids):
@@ -1278,7 +1286,7 @@ def ablation_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 ABLATION_COLUMNS = ["ablation", "key", "sweeps", "also_changed", "value", "algorithm", "setting", "line", "maua",
-                    "bytes", "seeds", "runs"]
+                    "maua_low", "maua_high", "covers", "bytes", "seeds", "runs"]
 
 
 def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
@@ -1287,9 +1295,10 @@ def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
     sent up to its last round (set-up traffic included or not), each the mean over the seeds run (the
     latest run of each seed, a finished one before an unfinished one). `ablation` names the swept key
     (with its sweeps when the key was swept in more than one configuration); `line` is the method
-    (with the setting when the ablation has both)."""
+    (with the setting when the ablation has both). maua_low / maua_high: MAUA's 95% interval over those
+    seeds (intervals.run_interval; `covers` says what it covers), None where a run has no client rows."""
     abl = ablation_runs(snap.runs)
-    found = {s.run_id: s for s in series(snap, abl["run_id"].tolist(), snap.ablation_rounds)}
+    found = {s.run_id: s for s in series(snap, abl["run_id"].tolist(), snap.ablation_rounds, snap.ablation_clients)}
     abl = abl[abl["run_id"].isin(found)]
     if abl.empty:
         return pd.DataFrame(columns=ABLATION_COLUMNS)
@@ -1302,7 +1311,10 @@ def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
         ["key", "context", "_value", "algorithm", "setting", "seed"], sort=False).tail(1)
     points = latest.groupby(["key", "context", "_value", "algorithm", "setting"], sort=False).agg(
         value=("value", "first"), maua=("maua", "mean"), bytes=("bytes", "mean"), seeds=("seed", "size"),
-        runs=("label", ", ".join), also_changed=("also_changed", "first")).reset_index()
+        runs=("label", ", ".join), also_changed=("also_changed", "first"),
+        _ids=("run_id", list)).reset_index()
+    bounds = [_seeds_interval([found[r] for r in ids]) for ids in points["_ids"]]
+    points["maua_low"], points["maua_high"], points["covers"] = zip(*bounds) if bounds else ((), (), ())
     # the ablation's name: its key, plus its sweeps when the key was swept in more than one configuration
     sweeps = latest.groupby(["key", "context"])["sweep"].agg(lambda s: ", ".join(sorted(set(s))))
     contexts = points.groupby("key")["context"].nunique()
@@ -1315,6 +1327,15 @@ def ablation_points(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
                         for v in points["value"]]
     points = points.sort_values(["ablation", "line", "_order", "_value"], kind="stable")
     return points[ABLATION_COLUMNS].reset_index(drop=True)
+
+
+def _seeds_interval(runs: list[RunSeries]) -> tuple[float | None, float | None, str | None]:
+    """MAUA's 95% interval over one ablation point's seeds (low, high, what it covers); Nones without client rows."""
+    accs = [s.accuracies() for s in runs]
+    if any(a is None for a in accs):
+        return None, None, None
+    iv = run_interval(accs, "maua")
+    return iv.low, iv.high, iv.covers
 
 
 # ----------------------------------------------------------------------------- params: diff and filter

@@ -396,7 +396,10 @@ def view_ablations(snap: data.Snapshot, include_setup: bool) -> None:
     st.caption("Runs of one-parameter sweeps (DVC experiments named `<sweep>-<key>-<value>`), whatever the sidebar "
                "selects. MAUA: best mean user accuracy over rounds (as in the comparison table); bytes: up + down "
                f"to the run's last round, set-up traffic {'included' if include_setup else 'excluded'} (sidebar); "
-               "each the mean over seeds when several were run.")
+               "each the mean over seeds when several were run. Bars: MAUA's 95% interval (one or two seeds: a "
+               "bootstrap over clients, not the seed; three or more: a t interval over the seeds). Bars apart: "
+               "the values differ; bars that overlap: not told apart here (the sweeps table's paired "
+               "differences may still tell them).")
     for n, (name, part) in enumerate(points.groupby("ablation", sort=False)):
         key = part["key"].iloc[0]
         st.subheader(name)

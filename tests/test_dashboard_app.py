@@ -804,7 +804,11 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
             assert row.maua == pytest.approx(sum(max(sample_data.curve(f)) for f in finals) / len(finals))
         assert scale(maua) == scale(sent) == {"fd": charts_mod.METHOD_COLORS["fd"],
                                               "fedcache": charts_mod.METHOD_COLORS["fedcache"]}
-        assert maua["encoding"]["x"]["scale"]["type"] == "log"  # R 1-16, alpha 1-10: a decade or more
+        assert maua["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"  # R 1-16, alpha 1-10: a decade or more
+        # every point carries its MAUA interval, drawn as a bar from low to high
+        assert (points["maua_low"] < points["maua_high"]).all()
+        assert maua["layer"][1]["encoding"]["y"]["field"] == "maua_low"
+        assert maua["layer"][1]["encoding"]["y2"]["field"] == "maua_high"
         y = sent["encoding"]["y"]
         assert y["scale"]["type"] == "log" and "B'" in y["axis"]["labelExpr"]
         assert (frame(sent)["bytes"] > 0).all()

@@ -18,6 +18,7 @@ import pytest
 from dashboard import charts, data, sample_data, stages
 from dashboard.config import load_config
 from pipeline.experiments.dvc import flatten
+from pipeline.results.intervals import run_interval
 from pipeline.results.store import ResultsDB
 
 
@@ -619,6 +620,11 @@ def test_ablation_points_per_swept_value_and_method(tmp_path):
         assert row.seeds == len(runs)
         assert row.maua == pytest.approx(sum(series[r].maua for r in runs) / len(runs))
         assert row.bytes == pytest.approx(sum(series[r].total_bytes for r in runs) / len(runs))
+        # the interval over those seeds' clients, as the comparison table computes it (a point without its
+        # clients' rows, or with another run's, would get other bounds)
+        expected = run_interval([series[r].accuracies() for r in runs], "maua")
+        assert (row.maua_low, row.maua_high) == pytest.approx((expected.low, expected.high))
+        assert row.covers.startswith(f"{len(runs)} seed")
     fed = alpha[alpha["algorithm"] == "fedcache"]
     assert fed["maua"].is_monotonic_increasing
     assert (fed["bytes"] > alpha[alpha["algorithm"] == "fd"]["bytes"].max()).all()
@@ -629,12 +635,12 @@ def test_ablation_points_per_swept_value_and_method(tmp_path):
             == series[ids[("partition.alpha", 1.0, "fedcache")]].total_bytes
             - series[ids[("partition.alpha", 1.0, "fedcache")]].setup_bytes)
     # the charts: the method's colour, a log x axis over a decade or more
-    spec = charts.ablation_maua(alpha, "partition.alpha").to_dict()
+    spec = charts.ablation_maua(alpha, "partition.alpha").to_dict()["layer"][0]
     assert spec["encoding"]["x"]["scale"]["type"] == "log" and spec["encoding"]["x"]["axis"]["values"] == [1, 3, 10]
     assert dict(zip(spec["encoding"]["color"]["scale"]["domain"], spec["encoding"]["color"]["scale"]["range"])) == {
         "fd": charts.method_color("fd"), "fedcache": charts.method_color("fedcache")}
     narrow = alpha.assign(value=alpha["value"].map({1.0: 1.0, 3.0: 2.0, 10.0: 4.0}))  # under a decade: linear
-    assert charts.ablation_maua(narrow, "x").to_dict()["encoding"]["x"]["scale"]["type"] == "linear"
+    assert charts.ablation_maua(narrow, "x").to_dict()["layer"][0]["encoding"]["x"]["scale"]["type"] == "linear"
     named = alpha.assign(value=alpha["value"].map({1.0: "hog", 3.0: "simhash", 10.0: "pixels"}))
     assert charts.ablation_bytes(named, "encode.encoder").to_dict()["encoding"]["x"]["type"] == "nominal"
 
