@@ -49,3 +49,22 @@ def test_a_documented_default_is_params_yaml_s(where, section, key, value):
     if isinstance(stated, str) and isinstance(actual, str):
         stated, actual = stated.lower(), actual.lower()
     assert stated == actual, f"{where} says {section}.{key} defaults to {value!r}; params.yaml has {actual!r}"
+
+
+def test_docs_choices_md_is_what_its_generator_writes_today():
+    """docs/choices.md is generated (bench/choices.py docs) from the result files and params.yaml: a value edited
+    in params.yaml (say fedcache.beta) or a result file changed without regenerating would leave it stale."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "bench"))  # choices.py imports its sibling `workspace`
+    try:
+        spec = importlib.util.spec_from_file_location("choices", REPO_ROOT / "bench" / "choices.py")
+        choices = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(choices)
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    assert choices.render() == (REPO_ROOT / "docs" / "choices.md").read_text(), \
+        "docs/choices.md is stale: run .venv/bin/python bench/choices.py docs"
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    assert f"| `fedcache.beta` | {params['fedcache']['beta']} |" in choices.render()
