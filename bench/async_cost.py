@@ -54,7 +54,7 @@ def timed_run(params, method: str, part, ds, name: str) -> tuple[list[float], li
 def _arrivals(trainer, round_: int, up: str) -> int:
     """Client updates that arrived in the round: under async the event log's arrivals in that span, under sync the
     clients whose upload the ledger counted."""
-    loop = trainer.async_loop
+    loop = trainer.schedule
     if loop is not None:
         return sum(1 for e in loop.events() if e["span"] == round_ and e["event"] == "arrived")
     return len({k for (_, k, direction, _, _, _) in trainer.ledger.rows(round_) if direction == up})

@@ -6,7 +6,9 @@ Runs every registered method (homogeneous, and heterogeneous where it allows it)
 sequential and the vectorized executor, 3 rounds on the test suite's tiny MNIST setting (3 clients,
 60 samples each, one thread, float32, two of three clients a round so partial participation is
 exercised), and writes per run: every round's ledger rows, per-client accuracies and extra metrics, and a
-SHA-256 of every client's final weights. With --compare, prints which runs
+SHA-256 of every client's final weights. Then every method again (homogeneous, sequential) on simulated devices
+that go offline and come back (so drops happen) under each schedule, sync, deadline and async, with the round
+and ledger instants; a combination the params or the method refuse is recorded as "refused". With --compare, prints which runs
 differ from OLD.json and exits 1 when any does. Same machine and threads: the figures are bit-exact.
 Takes about 3 minutes on a 2-core machine.
 """
@@ -60,6 +62,23 @@ def weights_digest(trainer) -> str:
     return h.hexdigest()
 
 
+# devices that drop out: online about 3 s at a time, offline about 1 s (the tiny setting's rounds take seconds)
+DEVICES = {"enabled": True, "samples_per_s": 100.0, "samples_per_s_sigma": 0.7, "online_mean_s": 3.0,
+           "offline_mean_s": 1.0}
+SCHEDULES = {
+    "sync": {"train": {"schedule": "sync"}},
+    "deadline": {"train": {"schedule": "deadline", "deadline_quantile": 0.67}},
+    "async": {"train": {"schedule": "async", "participation": 1.0, "async_eval_s": 2.0}},
+}
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(base.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
 def fingerprint_all() -> dict:
     import os
 
@@ -89,6 +108,42 @@ def fingerprint_all() -> dict:
                     trainer.run()
                     out[run] = {"rounds": recorder.rounds, "weights": weights_digest(trainer)}
                     print(f"{run}: done", flush=True)
+        for name in registry.names():
+            out.update(_schedule_runs(name, params, part, mnist))
+    return out
+
+
+def _schedule_runs(name: str, params, part, mnist) -> dict:
+    """The method under each schedule on devices that drop out (homogeneous, sequential executor)."""
+    from conftest import with_section
+    from pipeline import paths
+    from pipeline.config import parse_params
+    from pipeline.errors import ConfigError
+    from pipeline.methods import registry
+    from pipeline.train.engine import Trainer
+
+    cls = registry.params_class(name)
+    out = {}
+    for schedule, over in SCHEDULES.items():
+        run = f"{name}-homo-{schedule}-devices"
+        raw = _merged(params.model_dump(mode="json", by_alias=True),
+                      {"devices": DEVICES, "train": {"executor": "sequential"}, **over})
+        if schedule != "sync":  # deadline and async refuse FedCache's per-step exchange (and params naming fedcache)
+            raw = _merged(raw, {"fedcache": {"consistency": "round"}})
+        try:
+            run_params = parse_params(raw)
+            if cls.tiny_setting:
+                run_params = with_section(run_params, name, **cls.tiny_setting)
+            recorder = Recorder()
+            trainer = Trainer(run_params, registry.method_class(name), part, mnist, paths.RUNS / run,
+                              paths.CHECKPOINTS / f"{run}.pt", recorder, [paths.PARTITION], False)
+        except (ConfigError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            out[run] = {"refused": True}
+            print(f"{run}: refused ({str(e).splitlines()[0][:100]})", flush=True)
+            continue
+        trainer.run()
+        out[run] = {"rounds": recorder.rounds, "weights": weights_digest(trainer)}
+        print(f"{run}: done", flush=True)
     return out
 
 
@@ -105,7 +160,7 @@ def main() -> int:
     out = json.loads(args.out.read_text())  # NaN readings compare equal only as the same parsed constant
     differ = 0
     for run in sorted(set(old) | set(out)):
-        parts = [p for p in ("rounds", "weights") if old.get(run, {}).get(p) != out.get(run, {}).get(p)]
+        parts = [p for p in ("rounds", "weights", "refused") if old.get(run, {}).get(p) != out.get(run, {}).get(p)]
         print(f"{run:32s} {'same' if not parts else 'DIFFERS: ' + ', '.join(parts)}")
         differ += bool(parts)
     print(f"{len(out)} runs, {differ} differ")

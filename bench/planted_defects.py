@@ -41,7 +41,7 @@ class Entry(NamedTuple):
     defect: str  # what the planted bug is (the old bug, or a plausible one)
 
 
-ENGINE, ASYNC = "pipeline/train/engine.py", "pipeline/train/async_loop.py"
+ENGINE, ASYNC = "pipeline/train/engine.py", "pipeline/train/schedules/async_.py"
 AC = "tests/test_async_cache.py::"
 
 ENTRIES = [
@@ -96,26 +96,24 @@ ENTRIES = [
           AC + "test_the_ledger_counts_what_completed_when_devices_drop_out_mid_update", ASYNC,
           "the update is dropped then\n            self._push(offline, DROPPED, k)\n            return\n"
           "        u.upload = upload\n",
-          "the update is dropped then\n            for p in upload.payloads:\n"
-          "                self.sim.ledger.record(r, k, UP, p)\n"
-          "                self.sim.ledger.stamp(r, k, UP, p.kind, offline)\n"
+          "the update is dropped then\n            self.sim.receive(r, k, upload, at=offline)\n"
           "            self._push(offline, DROPPED, k)\n            return\n        u.upload = upload\n",
           "async: an upload cut short by the connection dropping is counted when the connection drops"),
     Entry("async-ledger-cut-download",
           AC + "test_the_ledger_counts_what_completed_when_devices_drop_out_mid_update", ASYNC,
           "nor is trained on\n            u.download = []\n",
-          "nor is trained on\n            for p in u.download:\n                self.sim.ledger.record(r, k, DOWN, p)\n"
+          "nor is trained on\n            self.sim.deliver(r, k, u.download)\n"
           "            u.download = []\n",
           "async: a download cut short by the connection dropping is counted"),
     Entry("mtfl-final-download",
           "tests/test_mtfl.py::test_the_download_the_last_evaluation_reads_is_counted_in_the_last_round[before_local]",
-          ENGINE, "        if round_ == self.last_round:\n            self._final_downloads(round_)\n", "",
+          ENGINE, "        if round_ == self.last_round:\n            self.final_downloads(round_)\n", "",
           "old bug (before 0b6e54e): MTFL's download of the new shared layers after the last round, which the "
           "last evaluation reads, is not counted"),
     Entry("clock-cut-download",
           "tests/test_clock.py::test_a_client_whose_connection_drops_mid_download_neither_receives_it_nor_trains",
-          ENGINE, "            received = selected if clock is None else clock.receivers(start, down_bytes)\n",
-          "            received = selected\n",
+          ENGINE, "        received = selected if clock is None else clock.receivers(start, down_bytes)\n",
+          "        received = selected\n",
           "old bug (before a6fd804): a client whose connection drops mid-download is counted as receiving it "
           "and trains on it"),
     Entry("async-drop-future-instant",

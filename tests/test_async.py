@@ -1,4 +1,4 @@
-"""The asynchronous schedule (issue 24): `train.schedule: async` (pipeline/train/async_loop.py).
+"""The asynchronous schedule (issue 24): `train.schedule: async` (pipeline/train/schedules/async_.py).
 
 Pure checks first (FedAsync's weight on a hand case in float64, a buffer of B folding every B arrivals, the
 refusals naming their keys), then tiny real runs (3 MNIST clients of 30 samples, the devices of a CSV trace):
@@ -24,7 +24,7 @@ from pipeline.config import ConfigError, parse_params
 from pipeline.federation.averaging import ParameterAveraging, mix, staleness_weight
 from pipeline.federation.contract import ServerContext, Upload
 from pipeline.federation.ledger import Payload
-from pipeline.train.async_loop import EVENTS_FILE, RANK
+from pipeline.train.schedules.async_ import EVENTS_FILE, RANK
 from test_clock import _rows, _run, _trace, _trainer, going_offline, metrics
 
 # ------------------------------------------------------------------------------------------ FedAsync, pure
@@ -259,7 +259,7 @@ def test_a_drop_is_logged_at_the_instant_the_connection_drops_in_the_span_it_fal
     going_offline(trainer, 0, 4.5, 6.0)
     going_offline(trainer, 1, 3.0, 6.5)
     trainer.run()
-    events, loop = _events("drops"), trainer.async_loop
+    events, loop = _events("drops"), trainer.schedule
     drops = {e["client"]: (e["t"], e["span"]) for e in events if e["event"] == "dropped"}
     assert drops == {0: (4.5, 2), 1: (3.0, 1)}
     keys = [(e["t"], RANK[e["event"]], e["client"]) for e in events]
@@ -281,7 +281,7 @@ def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace
     straight = _trainer(params, part, mnist, "straight", "fedavg")
     straight.start()
     straight.run_round(1)
-    assert any(u.download or u.upload for u in straight.async_loop.updates)  # something in flight
+    assert any(u.download or u.upload for u in straight.schedule.updates)  # something in flight
     shutil.copytree(paths.RUNS / "straight", paths.RUNS / "resumed")  # what a process killed now leaves
     shutil.copy(paths.CHECKPOINTS / "straight.pt", paths.CHECKPOINTS / "resumed.pt")
     with open(paths.RUNS / "resumed" / EVENTS_FILE, "a") as f:  # and a line of span 2 it was writing
@@ -318,7 +318,7 @@ def test_a_resumed_async_run_with_lost_updates_in_flight_ends_where_an_uninterru
     straight = trainer("straight")
     straight.start()
     straight.run_round(1)
-    assert straight.async_loop.updates[1].offline_trained is not None
+    assert straight.schedule.updates[1].offline_trained is not None
     shutil.copytree(paths.RUNS / "straight", paths.RUNS / "resumed")
     shutil.copy(paths.CHECKPOINTS / "straight.pt", paths.CHECKPOINTS / "resumed.pt")
     for r in (2, 3):

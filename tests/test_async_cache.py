@@ -1,4 +1,4 @@
-"""FedCache under the asynchronous schedule, through the real event loop (pipeline/train/async_loop.py), and the
+"""FedCache under the asynchronous schedule, through the real event loop (pipeline/train/schedules/async_.py), and the
 byte ledger when devices drop out mid-update (issue 36, point 7).
 
 The loop's own event log (events.jsonl) is the script: replaying it by hand, a client's download must be the
@@ -25,7 +25,7 @@ import torch
 from conftest import make_workspace, with_section
 from pipeline import paths
 from pipeline.methods.fedcache.method import FedCache
-from pipeline.train.async_loop import EVENTS_FILE
+from pipeline.train.schedules.async_ import EVENTS_FILE
 from test_clock import _trainer
 
 

@@ -21,6 +21,7 @@ from pipeline import paths
 from pipeline.config import ConfigError
 from pipeline.federation.contract import state_bytes
 from pipeline.federation.clock import Clock, ClientTime, architecture_flops, close_round, forward_flops
+from pipeline.train.schedules.deadline import deadline_length
 from pipeline.federation.devices import Availability, Device
 from pipeline.methods.registry import REGISTRY
 from pipeline.results.store import ResultsDB, RunResultsDB, rebuild_index
@@ -101,7 +102,8 @@ DURATIONS = {0: ClientTime(0, 1.0, 0, 0), 1: ClientTime(0.5, 1.0, 0, 0.5), 2: Cl
     (None, 1.0, [0, 1, 2], 14.0),
 ])
 def test_a_deadline_drops_exactly_the_clients_that_miss_it(deadline_s, quantile, kept, end):
-    plan = close_round(10.0, DURATIONS, {}, "deadline", deadline_s, quantile)
+    plan = close_round(10.0, DURATIONS, {}, 10.0 + deadline_length([t.duration for t in DURATIONS.values()],
+                                                                   deadline_s, quantile))
     assert plan.kept == kept
     assert plan.dropped == {k: "deadline" for k in DURATIONS if k not in kept}
     assert plan.end == pytest.approx(end)
@@ -138,9 +140,9 @@ def test_a_round_waits_for_the_first_selected_client_to_come_online():
 def test_a_rounds_waiting_is_what_its_participants_did_not_spend_on_used_work():
     """The waiting share's figures (docs/devices.md): busy = the kept participants' times to their upload,
     the round's client-seconds = participants x its length."""
-    sync = close_round(10.0, DURATIONS, {}, "sync")  # 1, 2 and 4 s: the first two idle 3 and 2 s of the 4
+    sync = close_round(10.0, DURATIONS, {})  # 1, 2 and 4 s: the first two idle 3 and 2 s of the 4
     assert (sync.busy_s(), sync.client_s()) == pytest.approx((7.0, 12.0))
-    cut = close_round(10.0, DURATIONS, {}, "deadline", 2.5)  # client 2 dropped: its 2.5 s are waiting too
+    cut = close_round(10.0, DURATIONS, {}, 12.5)  # client 2 dropped: its 2.5 s are waiting too
     assert (cut.busy_s(), cut.client_s()) == pytest.approx((3.0, 7.5))
 
 

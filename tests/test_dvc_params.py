@@ -131,7 +131,7 @@ def test_a_training_stage_reads_only_its_params(workspace, monkeypatch, mnist, m
 
 @pytest.mark.parametrize("method", ["fedavg", "fedcache"])
 def test_an_async_training_stage_reads_only_its_params(workspace, monkeypatch, mnist, method):
-    """Under train.schedule async (pipeline/train/async_loop.py), which reads the async_* keys and FedAsync's."""
+    """Under train.schedule async (pipeline/train/schedules/async_.py), which reads the async_* keys and FedAsync's."""
     _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": [method], "threads": 1, "schedule": "async"},
                                  "devices": {"enabled": True}, method: registry.params_class(method).tiny_setting})
     for stage in ("partition", "encode", "index"):

@@ -1,7 +1,7 @@
 """Resume after a crash: a training stage killed mid-run and started again continues from its
 last checkpointed round and ends with the same metrics as an uninterrupted run (CPU, same seed).
 The rows live in the stage's own results file, which holds its current run only. The same under
-the async schedule (pipeline/train/async_loop.py), whose event log must come out the same too."""
+the async schedule (pipeline/train/schedules/async_.py), whose event log must come out the same too."""
 
 import os
 import signal

@@ -85,9 +85,9 @@ def test_partial_participation_still_evaluates_everyone(tiny_workspace, mnist):
     params = params.model_copy(update={"train": params.train.model_copy(update={"participation": 0.34})})
     trainer, summary = _run(params, part, "fedcache", mnist)
     # round(0.34 * 3) = 1 client per round, drawn from the round's own seed stream
-    picks = [trainer.select_clients(r) for r in range(1, 31)]
+    picks = [trainer.schedule.select(r) for r in range(1, 31)]
     assert all(len(s) == 1 for s in picks)
-    assert picks == [trainer.select_clients(r) for r in range(1, 31)]  # seeded: the same draw when asked again
+    assert picks == [trainer.schedule.select(r) for r in range(1, 31)]  # seeded: the same draw when asked again
     assert {s[0] for s in picks} == {0, 1, 2}  # the draw changes with the round: every client is picked in 30
     con = duckdb.connect(str(paths.run_results("fedcache")), read_only=True)
     trained = con.execute("SELECT DISTINCT round, client_id FROM comm WHERE run_id = ? AND round > 0 ORDER BY ALL",

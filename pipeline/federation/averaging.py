@@ -1,7 +1,7 @@
 """Parameter averaging, shared by the methods that average models (FedAvg, MTFL, pFedMe, FedAlt):
 the sample-weighted mean of state dicts, and the server half that keeps one global state.
 
-Under `train.schedule: async` (pipeline/train/async_loop.py) that server half is FedAsync (Xie et al., 2019):
+Under `train.schedule: async` (pipeline/train/schedules/async_.py) that server half is FedAsync (Xie et al., 2019):
 each upload is mixed into the global state as it arrives,
 
     global <- (1 - w) * global + w * upload,   w = alpha * s(staleness),   s(t) = (1 + t) ** -a

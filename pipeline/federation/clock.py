@@ -20,14 +20,11 @@ its method counts, `Method.count_work`) is timed after the round's last upload a
 (`Clock.serve`; null: no time). Evaluation takes no simulated time; neither does a method's client work outside
 its phases other than extra_samples (pDFL's attention fitting and neighbours' forward passes).
 
-When a round ends (`train.schedule`):
-  sync      when the last participating client's upload completes;
-  deadline  at start + D, D = `train.deadline_s`, or the `train.deadline_quantile` quantile (numpy's
-            linear interpolation) of the participants' durations; a client whose upload would complete
-            after it is dropped: it downloaded and trained, but its upload is not sent, not counted and
-            not aggregated. When every kept client has finished before the deadline and nobody is dropped,
-            the server closes the round at the last upload, as sync does: the round lasts
-            min(D, the slowest participant's duration).
+When a round ends: when the last participating client's upload completes, or at a deadline the schedule
+sets (pipeline/train/schedules/: `deadline`, `quorum`): a client whose upload would complete after it is
+dropped: it downloaded and trained, but its upload is not sent, not counted and not aggregated. When every
+kept client has finished before the deadline, the server closes the round at the last upload: the round
+lasts min(deadline, the slowest participant's duration).
 Availability: a round starts at the clock's current time, or when the first selected client comes
 online if none is online then; the selected clients offline at that instant sit the round out (no
 download, no upload), and one that goes offline before its upload completes is dropped like a
@@ -35,8 +32,8 @@ straggler; the server sees its connection drop at that instant (which ends a syn
 One that goes offline before its download completes never received it (`receivers`): the download is
 not counted, as a cut upload is not, and the client does not train that round.
 
-The async schedule has no rounds to close: pipeline/train/async_loop.py times each client's updates one by one
-with the same parts (`client_time`) and moves the clock itself.
+The async schedule has no rounds to close: pipeline/train/schedules/async_.py times each client's updates one by
+one with the same parts (`client_time`) and moves the clock itself.
 """
 
 from __future__ import annotations
@@ -44,14 +41,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 
 from models.resnet import build_model
 from pipeline.federation.devices import TRAIN_FACTOR, Device
-
-SYNC, DEADLINE = "sync", "deadline"
 
 
 # ------------------------------------------------------------------------------------------ architecture cost
@@ -147,24 +141,11 @@ class RoundPlan:
         return len(self.times) * (self.end - self.start)
 
 
-def deadline_length(durations: list[float], deadline_s: float | None, quantile: float | None) -> float:
-    """The deadline in seconds after the round's start: deadline_s, or that quantile of the durations."""
-    if deadline_s is not None:
-        return float(deadline_s)
-    if quantile is None:
-        raise ValueError("a deadline needs deadline_s or a quantile")
-    return float(np.quantile(np.asarray(durations, dtype=float), quantile))
-
-
-def close_round(start: float, times: dict[int, ClientTime], online_until: dict[int, float], schedule: str,
-                deadline_s: float | None = None, quantile: float | None = None) -> RoundPlan:
-    """Who is kept and when the round ends (module docstring). `online_until[k]`: when k goes offline
-    (inf: stays online)."""
-    plan = RoundPlan(start, dict(times), [])
-    if schedule == DEADLINE:
-        plan.deadline = start + deadline_length([t.duration for t in times.values()], deadline_s, quantile)
-    elif schedule != SYNC:
-        raise ValueError(f"unknown schedule {schedule!r}")
+def close_round(start: float, times: dict[int, ClientTime], online_until: dict[int, float],
+                deadline: float | None = None) -> RoundPlan:
+    """Who is kept and when the round ends (module docstring): at the last upload, or at `deadline` (an
+    absolute instant; None: none). `online_until[k]`: when k goes offline (inf: stays online)."""
+    plan = RoundPlan(start, dict(times), [], deadline=deadline)
     events = []  # when the server hears from each participant: its upload, or its connection dropping
     for k, t in times.items():
         finish = start + t.duration
@@ -188,16 +169,12 @@ class Clock:
     """The federation's simulated time: its devices, each client's architecture cost, the current instant."""
 
     def __init__(self, devices: list[Device], client_flops: list[float], reference_flops: float,
-                 schedule: str = SYNC, deadline_s: float | None = None, deadline_quantile: float | None = None,
                  server_samples_per_s: float | None = None):
         if len(devices) != len(client_flops):
             raise ValueError(f"{len(devices)} devices for {len(client_flops)} clients")
         self.devices = devices
         self.client_flops = list(client_flops)
         self.reference_flops = float(reference_flops)
-        self.schedule = schedule
-        self.deadline_s = deadline_s
-        self.deadline_quantile = deadline_quantile
         # the server's FLOPs a second: training samples of the reference architecture, 3 forward passes each
         self.server_flops_per_s = (None if server_samples_per_s is None
                                    else server_samples_per_s * TRAIN_FACTOR * self.reference_flops)
@@ -230,10 +207,13 @@ class Clock:
         return [k for k, b in down_bytes.items()
                 if start + b / self.devices[k].down_bytes_per_s <= self.devices[k].online_until(start)]
 
-    def close(self, start: float, times: dict[int, ClientTime]) -> RoundPlan:
-        """Decide the round (close_round with this clock's schedule) and move the clock to its end."""
-        plan = close_round(start, times, {k: self.devices[k].online_until(start) for k in times}, self.schedule,
-                           self.deadline_s, self.deadline_quantile)
+    def online_until(self, start: float, clients) -> dict[int, float]:
+        """When each of `clients`, online at `start`, next goes offline (inf: never)."""
+        return {k: self.devices[k].online_until(start) for k in clients}
+
+    def close(self, start: float, times: dict[int, ClientTime], deadline: float | None = None) -> RoundPlan:
+        """Decide the round (close_round, with the schedule's deadline or none) and move the clock to its end."""
+        plan = close_round(start, times, self.online_until(start, times), deadline)
         self.now = plan.end
         return plan
 
@@ -286,6 +266,5 @@ def build_clock(params, devices: list[Device], models: list[nn.Module], input_sh
         if signature not in costs:
             costs[signature] = forward_flops(model, input_shape)
         flops.append(costs[signature])
-    t = params.train
     return Clock(devices, flops, architecture_flops(params.devices.reference_model, input_shape, num_classes),
-                 t.schedule, t.deadline_s, t.deadline_quantile, params.devices.server_samples_per_s)
+                 params.devices.server_samples_per_s)

@@ -20,9 +20,11 @@ With `devices.enabled`, a simulated clock (pipeline/federation/clock.py) times e
 clients' devices: between steps 3 and 4 it decides, from the bytes and samples of each client, when
 each upload completes and when the round ends (`train.schedule`); under `deadline` the clients that
 miss it are dropped there: their uploads are neither counted nor aggregated. Every round row and
-ledger row then carries its simulated instant; wall time is measured as before. Under `train.schedule:
-async` there are no rounds to run: pipeline/train/async_loop.py runs the clients' updates event by event,
-and a "round" is a fixed span of simulated time, evaluated and written as a round is (steps 5 and 6).
+ledger row then carries its simulated instant; wall time is measured as before. Who trains when is the
+schedule's (`train.schedule`, pipeline/train/schedules/): sync and deadline run the rounds above (step 1 is
+theirs); under async there are no rounds to run: it runs the clients' updates event by event through the
+same Simulation, and a "round" is a fixed span of simulated time, evaluated and written as a round is (steps 5
+and 6).
 
 Round 0 is set-up: the clients' one-time uploads (FedCache's hash codes) and an evaluation of
 the initial models. Client state (model, optimizer) persists across rounds. Randomness comes
@@ -51,15 +53,15 @@ from pipeline.data.partition import Partition
 from pipeline.devices import resolve_device
 from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, build_clients, on_split
-from pipeline.federation.clock import Clock, RoundPlan, build_clock
+from pipeline.federation.clock import ClientTime, Clock, RoundPlan, build_clock
 from pipeline.federation.devices import population
-from pipeline.federation.contract import LocalUpdate, Method, ServerContext
+from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload
 from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.results.labels import run_label
-from pipeline.seeds import rng
 from pipeline.train import checkpoint
-from pipeline.train.async_loop import AsyncLoop
 from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
+from pipeline.train.schedules import schedule_class
+from pipeline.train.schedules.base import Schedule
 
 if TYPE_CHECKING:  # the training core runs without the service libraries (bench/gpu_check.sh)
     from pipeline.config import Params
@@ -108,7 +110,10 @@ class Simulation:
     """The federation, in memory: the clients, the method's two halves, the byte ledger, the executor.
 
     The engine owns the boundary between the halves: every payload that crosses it (set-up,
-    downloads, the per-step hook, uploads) is counted in the ledger here, and only here."""
+    downloads, the per-step hook, uploads) is counted in the ledger by `count`, and only there. A schedule
+    (pipeline/train/schedules/) decides who trains when and what they read, and drives the simulation
+    through its steps: `run_round` (a round, for the schedules that have rounds) or `configure`,
+    `deliver`, `train_one`, `receive` and `arrive` (one client's update at a time, async)."""
 
     def __init__(self, method_cls: type[Method], clients: list[Client], ctx: ServerContext, executor,
                  local: LocalUpdate | None = None):
@@ -125,61 +130,73 @@ class Simulation:
         self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
         self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
 
+    # -- the ledger: written here and only here --------------------------------------------------
+
+    def count(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER,
+              at: float | None = None) -> None:
+        """A payload crossed the boundary in `round_`: count it on `client`'s row (and, with the clock, the
+        simulated instant it completed)."""
+        self.ledger.record(round_, client, direction, payload, peer=peer)
+        if at is not None:
+            self.ledger.stamp(round_, client, direction, payload.kind, at, peer=peer)
+
+    def deliver(self, round_: int, client: int, payloads: list[Payload], at: float | None = None) -> None:
+        """What `client` received: from the server, a download; from another client over a directed edge,
+        counted once, on the sender's side, as its upload to `client`."""
+        for p in payloads:
+            if p.sender is None:
+                self.count(round_, client, DOWN, p, at=at)
+            else:
+                self.count(round_, p.sender, UP, p, peer=client, at=at)
+
+    def receive(self, round_: int, client: int, upload: Upload, at: float | None = None) -> None:
+        """What `client` sent the server at the end of its update."""
+        for p in upload.payloads:
+            self.count(round_, client, UP, p, at=at)
+
+    # -- steps -----------------------------------------------------------------------------------
+
     def setup(self) -> None:
         """Round 0: every client's one-time upload, counted as set-up traffic, to the server half."""
         uploads = {c.id: self.local.setup(c) for c in self.clients}
+        done = {} if self.clock is None else self.clock.setup(
+            {k: sum(p.nbytes for p in u.payloads) for k, u in uploads.items()})
         for k, upload in uploads.items():
-            for p in upload.payloads:
-                self.ledger.record(SETUP_ROUND, k, UP, p)
-        if self.clock is not None:
-            done = self.clock.setup({k: sum(p.nbytes for p in u.payloads) for k, u in uploads.items()})
-            for k, upload in uploads.items():
-                for p in upload.payloads:
-                    self.ledger.stamp(SETUP_ROUND, k, UP, p.kind, done[k])
+            self.receive(SETUP_ROUND, k, upload, done.get(k))
         self.server.setup(uploads)
 
     def samples_trained(self, client: Client, round_: int) -> int:
         """The samples a client's local update trains on: every phase's pass over its data, each batch `repeat` times."""
         return sum(self.local_epochs * client.num_train * phase.repeat for phase in self.local.phases(round_))
 
-    def run_round(self, round_: int, selected: list[int], timer: Timer | None = None) -> None:
-        """One round of training, top to bottom: downloads, local updates, uploads, aggregation."""
+    def run_round(self, round_: int, selected: list[int], timer: Timer | None = None,
+                  deadline: Callable[[float, dict[int, ClientTime]], float | None] | None = None) -> None:
+        """One round of training, top to bottom: downloads, local updates, uploads, aggregation. With the clock,
+        `deadline(start, times)` (the schedule's) is the instant the round closes at, None: its last upload."""
         timer = timer or Timer()
-        ledger, server, clock = self.ledger, self.server, self.clock
+        server, clock = self.server, self.clock
         start = 0.0
         if clock is not None:  # the selected clients offline when the round starts sit it out
             start, selected = clock.begin_round(selected)
-        exchanged: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # per-step bytes a client sent, received
-        exchange_rows: set[tuple[int, tuple[int, str, str, int]]] = set()  # (client, its per-step ledger row)
-
-        def record_download(client: int, payload: Payload) -> None:
-            if payload.sender is None:
-                ledger.record(round_, client, DOWN, payload)
-            else:  # from another client over a directed edge: counted once, on the sender's side
-                ledger.record(round_, payload.sender, UP, payload, peer=client)
+        # the per-step exchange's payloads, per client: (payloads sent, payloads received), counted after the
+        # round when their instants are known
+        exchanged: dict[int, tuple[list[Payload], list[Payload]]] = defaultdict(lambda: ([], []))
 
         def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
-            """The per-step hook: count the step's uploads, ask the server half, count its answers."""
+            """The per-step hook: the step's uploads to the server half, its answers back."""
             with timer("exchange"):
                 for k, p in uploads.items():
-                    ledger.record(round_, k, UP, p)
-                    exchanged[k][0] += p.nbytes
-                    exchange_rows.add((k, (k, UP, p.kind, SERVER)))
+                    exchanged[k][0].append(p)
                 downloads = server.exchange(round_, uploads)
                 for k, p in downloads.items():
-                    record_download(k, p)
-                    exchanged[k][1] += p.nbytes
-                    exchange_rows.add((k, (k, DOWN, p.kind, SERVER) if p.sender is None else (p.sender, UP, p.kind, k)))
+                    exchanged[k][1].append(p)
                 return downloads
 
         with timer("exchange"):
             downloads = server.configure(round_, selected)
-            down_bytes = {k: sum(p.nbytes for p in downloads[k]) for k in selected}
-            # a client whose connection drops before its download completes never gets it: not counted, not trained
-            received = selected if clock is None else clock.receivers(start, down_bytes)
-            for k in received:
-                for p in downloads[k]:
-                    record_download(k, p)
+        down_bytes = {k: sum(p.nbytes for p in downloads[k]) for k in selected}
+        # a client whose connection drops before its download completes never gets it: not counted, not trained
+        received = selected if clock is None else clock.receivers(start, down_bytes)
         if self.fresh_optimizer:  # the official FedCache code builds a new SGD every round
             for k in received:
                 self.clients[k].new_optimizer()
@@ -187,20 +204,24 @@ class Simulation:
                                     StepHook(exchange, server.end_step)) if received else {}
         kept, plan = selected, None
         if clock is not None:  # when each upload would complete, who is kept, when the round ends
-            plan = clock.close(start, {k: clock.client_time(
+            times = {k: clock.client_time(
                 k, self.samples_trained(self.clients[k], round_)
                 + self.local.extra_samples(self.clients[k], uploads[k], round_), down_bytes[k],
-                sum(p.nbytes for p in uploads[k].payloads), *exchanged[k]) if k in uploads
-                else clock.client_time(k, 0, down_bytes[k], 0) for k in selected})  # cut short: dropped as offline
-            self._stamp(round_, plan, {k: downloads[k] for k in received}, exchange_rows)
+                sum(p.nbytes for p in uploads[k].payloads),
+                *(sum(p.nbytes for p in sent) for sent in exchanged[k])) if k in uploads
+                else clock.client_time(k, 0, down_bytes[k], 0) for k in selected}  # cut short: dropped as offline
+            plan = clock.close(start, times, None if deadline is None else deadline(start, times))
             kept = plan.kept
         self.last_plan = plan
         with timer("exchange"):
+            for k in received:  # each download completes when its client's does; the exchange with its local work
+                self.deliver(round_, k, downloads[k], None if plan is None else plan.start + plan.times[k].downloaded)
+                at = None if plan is None else plan.start + plan.times[k].trained
+                for p in exchanged[k][0]:
+                    self.count(round_, k, UP, p, at=at)
+                self.deliver(round_, k, exchanged[k][1], at)
             for k in kept:
-                for p in uploads[k].payloads:
-                    ledger.record(round_, k, UP, p)
-                    if plan is not None:
-                        ledger.stamp(round_, k, UP, p.kind, plan.finish(k))
+                self.receive(round_, k, uploads[k], None if plan is None else plan.finish(k))
             if len(kept) < len(selected):  # dropped: what they trained never reaches the server
                 arrived = set(kept)
                 uploads = {k: u for k, u in uploads.items() if k in arrived}
@@ -210,35 +231,24 @@ class Simulation:
         if clock is not None:
             clock.serve(work)
         if round_ == self.last_round:
-            self._final_downloads(round_)
+            self.final_downloads(round_)
 
-    def _final_downloads(self, round_: int) -> None:
+    def final_downloads(self, round_: int) -> None:
         """After the last round: what the server sends every client for the last evaluation to read
         (`Method.final_downloads`), counted as the round's downloads; with the clock, each completes over its
         client's downlink from the round's end, and the round ends when the last has (Clock.deliver)."""
         finals = self.server.final_downloads(round_)
+        done = {} if self.clock is None or not finals else self.clock.deliver(
+            {k: sum(p.nbytes for p in payloads) for k, payloads in finals.items()})
         for k, payloads in finals.items():
-            for p in payloads:
-                self.ledger.record(round_, k, DOWN, p)
-        if self.clock is not None and finals:
-            done = self.clock.deliver({k: sum(p.nbytes for p in payloads) for k, payloads in finals.items()})
-            for k, payloads in finals.items():
-                for p in payloads:
-                    self.ledger.stamp(round_, k, DOWN, p.kind, done[k])
+            self.deliver(round_, k, payloads, done.get(k))
 
-    def _stamp(self, round_: int, plan: RoundPlan, downloads: dict[int, list[Payload]],
-               exchange_rows: set[tuple[int, tuple[int, str, str, int]]]) -> None:
-        """Each download row completes when its client's download does (from another client: on the sender's
-        row); each per-step exchange row when the client's local work ends."""
-        for k, payloads in downloads.items():
-            at = plan.start + plan.times[k].downloaded
-            for p in payloads:
-                if p.sender is None:
-                    self.ledger.stamp(round_, k, DOWN, p.kind, at)
-                else:
-                    self.ledger.stamp(round_, p.sender, UP, p.kind, at, peer=k)
-        for k, (client, direction, kind, peer) in exchange_rows:
-            self.ledger.stamp(round_, client, direction, kind, plan.start + plan.times[k].trained, peer)
+    def train_one(self, client: int, download: list[Payload], number: int) -> Upload:
+        """One client's local update on its own (the async schedule), seeded by the update's number as a sync
+        round by its number; a fresh optimizer first when `train.fresh_optimizer` is on."""
+        if self.fresh_optimizer:
+            self.clients[client].new_optimizer()
+        return SequentialExecutor.run_client(self.local, self.clients[client], download, number)
 
     def evaluate(self, round_: int, split: str = "test") -> tuple[list[tuple[int, float, int]], dict[str, float]]:
         """Every client on its own `split` ("test", or "val" for the validation split defaults are tuned
@@ -249,15 +259,16 @@ class Simulation:
         return self.server.report(round_, evaluations)
 
 
-def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate):
+def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate,
+                  schedule_cls: type[Schedule] | None = None):
     """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
     vectorized, or its client half (`local`) calls the per-step exchange hook, which cannot run on a Dask worker,
-    or the schedule is async (one client's update at a time, each at its own simulated instant)."""
+    or the schedule trains one client's update at a time, each at its own simulated instant (async)."""
     if params.train.executor == "sequential":
         return SequentialExecutor()
-    if params.train.schedule == "async":
-        print(f"{method_cls.name}: runs on the sequential executor (train.schedule async trains one client's update "
-              "at a time, each at its own simulated instant)", flush=True)
+    if schedule_cls is not None and schedule_cls.one_client_at_a_time:
+        print(f"{method_cls.name}: runs on the sequential executor (train.schedule {schedule_cls.name} trains one "
+              "client's update at a time, each at its own simulated instant)", flush=True)
         return SequentialExecutor()
     if params.train.executor == "dask":
         if local.uses_exchange:
@@ -280,14 +291,12 @@ class Trainer:
                  checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False,
                  run_info: RunInfo = RunInfo()):
         self.run_info = run_info
-        asynchronous = params.train.schedule == "async"  # the params schema has checked devices.enabled
-        why_not = algorithm_cls.async_unsupported(params) if asynchronous else None
-        if why_not:
-            raise ConfigError(f"train.schedule = 'async' cannot run {algorithm_cls.name}: {why_not}. Set "
-                              f"train.schedule: sync (or deadline) for it, or leave {algorithm_cls.name} out of "
-                              "train.algorithms")
+        schedule_cls = schedule_class(params.train.schedule)  # the params schema has checked its devices
         local = algorithm_cls.client_cls(params, ds.num_classes)
-        executor = make_executor(params, algorithm_cls, local)
+        why_not = schedule_cls.refuses(params, algorithm_cls, local)
+        if why_not:
+            raise ConfigError(why_not)
+        executor = make_executor(params, algorithm_cls, local, schedule_cls)
         torch.set_num_threads(params.train.threads or executor.threads)
         self.params = params
         self.device = resolve_device(params.device)
@@ -299,16 +308,12 @@ class Trainer:
         self.setting = "hetero" if hetero else "homo"
         ctx = ServerContext(params, part.num_clients, ds.num_classes, ds.input_shape, part, self.device, run_dir,
                             hetero)
-        if params.devices.enabled and params.train.schedule == "deadline" and local.uses_exchange:
-            raise ConfigError(f"train.schedule = 'deadline' with {algorithm_cls.name}'s per-step exchange (its client half "
-                              "talks to the server at every step, e.g. fedcache.consistency live or step) is not done "
-                              "yet: set fedcache.consistency: round, or train.schedule: sync")
         devices = population(params.devices, part.num_clients, params.seed) if params.devices.enabled else None
         self.sim = Simulation(algorithm_cls, build_clients(params, part, ds, self.device, hetero), ctx, executor, local)
         if devices is not None:
             self.sim.clock = build_clock(params, devices, [c.model for c in self.sim.clients], ds.input_shape,
                                          ds.num_classes)
-        self.async_loop = AsyncLoop(self.sim, params.train.async_eval_s, run_dir) if asynchronous else None
+        self.schedule = schedule_cls(self.sim, params, run_dir)
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
         inputs = algorithm_cls.inputs() if input_files is None else input_files
@@ -351,8 +356,7 @@ class Trainer:
             if problem is None:
                 self._restore(state)
                 self.results.drop_after(self.run_id, state["round"])
-                if self.async_loop is not None:
-                    self.async_loop.truncate_log(state["round"])
+                self.schedule.resume(state["round"])
                 return state["round"] + 1
             print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
                   flush=True)
@@ -366,20 +370,14 @@ class Trainer:
         self.timer.reset()
         with self.timer("exchange"):
             self.sim.setup()  # one-time traffic, counted as round 0
-        if self.async_loop is not None:
-            self.async_loop.begin()  # every client's first update starts when the set-up is done
+        self.schedule.begin()  # e.g. async: every client's first update starts when the set-up is done
         self._finish_round(SETUP_ROUND, start)
         return 1
 
     def run_round(self, round_: int) -> None:
         start = time.perf_counter()
         self.timer.reset()
-        if self.async_loop is not None:  # async: round_ is a span of simulated time
-            self.async_loop.run_span(round_, self.timer)
-        else:
-            with self.timer("select"):
-                selected = self.select_clients(round_)
-            self.sim.run_round(round_, selected, self.timer)
+        self.schedule.run(round_, self.timer)  # async: round_ is a span of simulated time
         self._finish_round(round_, start)
 
     def finish(self) -> dict:
@@ -412,13 +410,6 @@ class Trainer:
             close()
 
     # -- parts -----------------------------------------------------------------------
-
-    def select_clients(self, round_: int) -> list[int]:
-        K = len(self.clients)
-        m = max(1, round(self.params.train.participation * K))
-        if m == K:
-            return list(range(K))
-        return sorted(rng(self.params.seed, "sampling", round_).choice(K, m, replace=False).tolist())
 
     def _finish_round(self, round_: int, start: float) -> None:
         t = self.params.train
@@ -462,10 +453,7 @@ class Trainer:
         participants x its length; async: every client x the span). None without the clock, or for the set-up."""
         if self.sim.clock is None or round_ == SETUP_ROUND:
             return {}
-        if self.async_loop is not None:
-            return {"sim_busy_s": self.async_loop.busy_s, "sim_client_s": self.async_loop.client_s()}
-        plan = self.sim.last_plan
-        return {} if plan is None else {"sim_busy_s": plan.busy_s(), "sim_client_s": plan.client_s()}
+        return self.schedule.waiting()
 
     def _state(self, round_: int) -> dict:
         return {
@@ -480,8 +468,7 @@ class Trainer:
             "val_history": list(self.val_history),
             "torch_rng": torch.get_rng_state(),
             "clock": None if self.sim.clock is None else self.sim.clock.state_dict(),
-            # async: the event queue and every client's update in progress
-            **({} if self.async_loop is None else {"async": self.async_loop.state_dict()}),
+            "schedule": self.schedule.state_dict(),  # async: the event queue and every client's update in progress
         }
 
     def _restore(self, state: dict) -> None:
@@ -497,15 +484,13 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         if self.sim.clock is not None:
             self.sim.clock.load_state_dict(state["clock"])
-        if self.async_loop is not None:
-            self.async_loop.load_state_dict(state["async"])
+        # "async": the key of checkpoints written before the schedules were drivers
+        self.schedule.load_state_dict(state.get("schedule", state.get("async", {})))
 
     def summary(self) -> dict:
         evaluated = [(r, a) for r, a in self.history if a is not None]
         ledger = self.ledger
-        clock = {} if self.sim.clock is None else {"sim_time_s": round(self.sim.clock.now, 6)}
-        if self.async_loop is not None:
-            clock["async_eval_s"] = self.async_loop.span_s  # the span of simulated time a round stands for
+        clock = {} if self.sim.clock is None else {"sim_time_s": round(self.sim.clock.now, 6), **self.schedule.summary()}
         return {
             "run_id": self.run_id,
             "algorithm": self.algorithm.name,

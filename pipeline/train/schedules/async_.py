@@ -1,15 +1,16 @@
-"""The asynchronous schedule (`train.schedule: async`, docs/devices.md): every client trains whenever its
-device allows, and nobody waits for anybody.
+"""`train.schedule: async` (docs/devices.md): every client trains whenever its device allows, and nobody waits
+for anybody.
 
 A client runs one local update after another, each in four events on the simulated clock:
 
   start       it is online (else it starts when it is next online): the server half makes its download from
               what it holds at this instant (`Method.configure` with this one client);
-  downloaded  the download's bytes / its downlink later: the download is counted in the byte ledger;
+  downloaded  the download's bytes / its downlink later: the download is counted in the byte ledger
+              (`Simulation.deliver`);
   trained     its training time later (the samples it trains / its speed, as the clock times a sync round):
-              the local update runs (the client half, as the sequential executor runs it) and makes its upload;
-  arrived     the upload's bytes / its uplink later: counted, and folded in by the server half
-              (`Method.arrive`); the client's next update starts at this same instant.
+              the local update runs (`Simulation.train_one`) and makes its upload;
+  arrived     the upload's bytes / its uplink later: counted (`Simulation.receive`), and folded in by the server
+              half (`Method.arrive`); the client's next update starts at this same instant.
 
 or, when the device goes offline before the upload arrives, `dropped` at the instant it goes offline (queued
 like the others, so it is logged in the span it falls in, in the queue's order); after a drop during the
@@ -52,9 +53,11 @@ import numpy as np
 
 from pipeline.federation.contract import Upload
 from pipeline.federation.ledger import DOWN, SETUP_ROUND, UP, Payload
-from pipeline.train.executors import SequentialExecutor
+from pipeline.train.schedules.base import Schedule
 
 if TYPE_CHECKING:
+    from pipeline.config import Params
+    from pipeline.federation.contract import LocalUpdate, Method
     from pipeline.train.engine import Simulation, Timer
 
 # the events of one update, in the order they are taken when they fall on the same instant; dropped: the device
@@ -89,14 +92,18 @@ def _nbytes(payloads: list[Payload]) -> int:
     return sum(p.nbytes for p in payloads)
 
 
-class AsyncLoop:
-    """The event loop over a Simulation with a clock: `begin` after set-up, then `run_span(r)` for r = 1, 2, ..."""
+class Async(Schedule):
+    """The event loop over a Simulation with a clock: `begin` after set-up, then `run(r)` (span r) for r = 1, 2, ..."""
 
-    def __init__(self, sim: Simulation, eval_s: float | None, run_dir: Path):
+    name = "async"
+    one_client_at_a_time = True
+
+    def __init__(self, sim: Simulation, params: Params, run_dir: Path):
+        super().__init__(sim, params, run_dir)
         if sim.clock is None:
             raise ValueError("the async schedule needs the simulated clock (devices.enabled)")
-        self.sim, self.clock = sim, sim.clock
-        self.eval_s = eval_s  # train.async_eval_s (None: derived in begin)
+        self.clock = sim.clock
+        self.eval_s = params.train.async_eval_s  # None: derived in begin
         self.events_path = Path(run_dir) / EVENTS_FILE
         self.queue: list[tuple[float, int, int]] = []  # (instant, RANK of the event, client)
         self.updates = [Update() for _ in sim.clients]
@@ -106,6 +113,14 @@ class AsyncLoop:
         # the waiting share's figures of the current span (docs/devices.md): client-seconds spent on updates that
         # arrived, or are still under way at the span's end; an update dropped later takes back what it was credited
         self.busy_s = 0.0
+
+    @classmethod
+    def refuses(cls, params: Params, method_cls: type[Method], local: LocalUpdate) -> str | None:
+        why_not = method_cls.async_unsupported(params)
+        if why_not:
+            return (f"train.schedule = 'async' cannot run {method_cls.name}: {why_not}. Set train.schedule: sync (or "
+                    f"deadline) for it, or leave {method_cls.name} out of train.algorithms")
+        return None
 
     # -- set-up and spans ------------------------------------------------------------------------------
 
@@ -137,7 +152,13 @@ class AsyncLoop:
         """Client-seconds of a span: every client, the whole span (async has no participation to sample)."""
         return len(self.updates) * self.span_s
 
-    def run_span(self, r: int, timer: Timer) -> None:
+    def waiting(self) -> dict[str, float]:
+        return {"sim_busy_s": self.busy_s, "sim_client_s": self.client_s()}
+
+    def summary(self) -> dict:
+        return {"async_eval_s": self.span_s}  # the span of simulated time a round stands for
+
+    def run(self, r: int, timer: Timer) -> None:
         """Every event at or before the end of span r, in the queue's order; the clock moves to the span's end."""
         end = self.span_end(r)
         self.busy_s = 0.0
@@ -174,14 +195,8 @@ class AsyncLoop:
         self._push(downloaded, DOWNLOADED, k)
 
     def _downloaded(self, r: int, t: float, k: int, timer: Timer) -> None:
-        u, ledger = self.updates[k], self.sim.ledger
-        for p in u.download:
-            if p.sender is None:
-                ledger.record(r, k, DOWN, p)
-                ledger.stamp(r, k, DOWN, p.kind, t)
-            else:  # from another client over a directed edge: counted on the sender's side, as sync does
-                ledger.record(r, p.sender, UP, p, peer=k)
-                ledger.stamp(r, p.sender, UP, p.kind, t, peer=k)
+        u = self.updates[k]
+        self.sim.deliver(r, k, u.download, at=t)
         self._log(r, t, k, DOWNLOADED)
         samples = self.sim.samples_trained(self.sim.clients[k], u.number)
         trained = t + self.clock.client_time(k, samples, 0, 0).compute_s
@@ -193,11 +208,9 @@ class AsyncLoop:
         self._push(trained, TRAINED, k)
 
     def _trained(self, r: int, t: float, k: int, timer: Timer) -> None:
-        u, client, device = self.updates[k], self.sim.clients[k], self.clock.devices[k]
-        if self.sim.fresh_optimizer:
-            client.new_optimizer()
+        u, device = self.updates[k], self.clock.devices[k]
         with timer("train"):  # seeded by the update's number, as a sync round by its number
-            upload = SequentialExecutor.run_client(self.sim.local, client, u.download, u.number)
+            upload = self.sim.train_one(k, u.download, u.number)
         u.download = []
         self._log(r, t, k, TRAINED)
         if u.offline_trained is not None:  # dropped during the training: its upload never goes
@@ -213,10 +226,8 @@ class AsyncLoop:
         self._push(arrival, ARRIVED, k)
 
     def _arrived(self, r: int, t: float, k: int, timer: Timer) -> None:
-        u, ledger = self.updates[k], self.sim.ledger
-        for p in u.upload.payloads:
-            ledger.record(r, k, UP, p)
-            ledger.stamp(r, k, UP, p.kind, t)
+        u = self.updates[k]
+        self.sim.receive(r, k, u.upload, at=t)
         with timer("exchange"):
             self.sim.server.arrive(r, k, u.upload)
         u.upload = None
@@ -259,7 +270,7 @@ class AsyncLoop:
             return []
         return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
 
-    def truncate_log(self, r: int) -> None:
+    def resume(self, r: int) -> None:
         """On resume from span r's checkpoint: keep the events of spans up to r (a killed run may have written
         the next span's, or part of a line of them), atomically."""
         if not self.events_path.is_file():
