@@ -157,12 +157,14 @@ class TrainParams(Section):
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core
     # when a round ends on the simulated clock (devices.enabled; docs/devices.md): sync waits for every
-    # selected client, deadline drops the clients that miss the deadline; async has no rounds: every client
-    # trains whenever its device allows, and a "round" is a fixed span of simulated time (async_eval_s)
-    schedule: Literal["sync", "deadline", "async"] = "sync"
+    # selected client, deadline drops the clients that miss the deadline, quorum closes the round when a quorum of
+    # its uploads have arrived; async has no rounds: every client trains whenever its device allows, and a "round"
+    # is a fixed span of simulated time (async_eval_s). One module each: pipeline/train/schedules/
+    schedule: Literal["sync", "deadline", "quorum", "async"] = "sync"
     deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # deadline: simulated seconds after the round starts
     deadline_quantile: float | None = Field(None, gt=0, le=1)  # deadline: this quantile of the round's client times
-    # async (pipeline/train/async_loop.py): the simulated seconds between two evaluations; None: the median client's
+    quorum: float | None = Field(None, gt=0, le=1)  # quorum: this share of the round's participants' uploads closes it
+    # async (pipeline/train/schedules/async_.py): the simulated seconds between two evaluations; None: the median client's
     # update time (its training plus its declared bytes over its links)
     async_eval_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     # async parameter averaging (FedAsync): an arriving update is mixed in with weight
@@ -181,6 +183,16 @@ class TrainParams(Section):
         if self.schedule != "deadline" and given:
             raise ValueError(f"train.{given[0]} = {getattr(self, given[0])!r} is read only when train.schedule is "
                              f"deadline (it is {self.schedule!r}): set it to null, or train.schedule: deadline")
+        return self
+
+    @model_validator(mode="after")
+    def _quorum_rules(self) -> "TrainParams":
+        if self.schedule == "quorum" and self.quorum is None:
+            raise ValueError("train.schedule = 'quorum' needs train.quorum, the share of the round's participants "
+                             "whose uploads close it, in (0, 1] (e.g. 0.8)")
+        if self.schedule != "quorum" and self.quorum is not None:
+            raise ValueError(f"train.quorum = {self.quorum!r} is read only when train.schedule is quorum (it is "
+                             f"{self.schedule!r}): set it to null, or train.schedule: quorum")
         return self
 
     @model_validator(mode="after")
@@ -288,9 +300,10 @@ class CoreParams(Section):
 
     @model_validator(mode="after")
     def _clock_for_deadline(self) -> "CoreParams":
-        if self.train.schedule == "deadline" and not self.devices.enabled:
-            raise ValueError("train.schedule = 'deadline' drops the clients that miss the deadline on the simulated "
-                             "clock, which needs devices: set devices.enabled: true (or train.schedule: sync)")
+        if self.train.schedule in ("deadline", "quorum") and not self.devices.enabled:
+            raise ValueError(f"train.schedule = '{self.train.schedule}' drops the clients that miss the round's close "
+                             "on the simulated clock, which needs devices: set devices.enabled: true (or "
+                             "train.schedule: sync)")
         if self.train.schedule == "async" and not self.devices.enabled:
             raise ValueError("train.schedule = 'async' lets each client train at its own device's pace on the "
                              "simulated clock, which needs devices: set devices.enabled: true (or train.schedule: sync)")

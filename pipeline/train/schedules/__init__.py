@@ -5,6 +5,7 @@ the byte ledger; a schedule only drives it, one module each:
 
   sync      rounds: the selected clients download, train and upload; a round closes at its last upload;
   deadline  the same rounds, each closed at a deadline: uploads that would arrive later are dropped;
+  quorum    the same rounds, each closed when a quorum of its participants' uploads have arrived;
   async     no rounds: every client's updates one after another, each at its own device's pace; a
             "round" is a span of simulated time (evaluated and written as a round is).
 
@@ -23,6 +24,8 @@ def schedule_class(name: str) -> type[Schedule]:
         from pipeline.train.schedules.sync import Sync as cls
     elif name == "deadline":
         from pipeline.train.schedules.deadline import Deadline as cls
+    elif name == "quorum":
+        from pipeline.train.schedules.quorum import Quorum as cls
     elif name == "async":
         from pipeline.train.schedules.async_ import Async as cls
     else:
