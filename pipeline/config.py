@@ -2,7 +2,7 @@
 
 Every knob of the pipeline lives in params.yaml; this module is its schema. The shared sections
 (data, partition, encode, index, train, devices, report) are defined here; each method's section is its
-own `pipeline/methods/<name>/params.py` (a `MethodParams` subclass), found by the registry.
+own `pipeline/methods/<name>/params.py` (a `MethodParams` subclass), found by pipeline/method_catalog.py.
 Nothing here imports torch or method code: `names()` lists the method folders, and a method's
 params module is imported only when its section is validated.
 
@@ -29,7 +29,7 @@ DATASETS = ("fashion_mnist", "mnist", "cifar10")
 ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mobilenet_v3_small")
 
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
-from pipeline.methods import registry
+from pipeline import method_catalog  # the methods' names and params classes, without their code
 
 
 class Section(BaseModel):
@@ -127,8 +127,8 @@ class MethodParams(Section):
 
 
 def _known_method(name: str) -> str:
-    if name not in registry.names():
-        raise ValueError(f"unknown method {name!r}; the methods are {', '.join(registry.names())} "
+    if name not in method_catalog.names():
+        raise ValueError(f"unknown method {name!r}; the methods are {', '.join(method_catalog.names())} "
                          "(one folder each under pipeline/methods/)")
     return name
 
@@ -137,7 +137,7 @@ MethodName = Annotated[str, AfterValidator(_known_method)]
 
 
 class TrainParams(Section):
-    algorithms: list[MethodName] = Field(default_factory=lambda: list(registry.names()))
+    algorithms: list[MethodName] = Field(default_factory=lambda: list(method_catalog.names()))
     hetero_algorithms: list[MethodName] = []
     rounds: int = Field(30, ge=1)
     eval_every: int = Field(1, ge=1)
@@ -226,14 +226,14 @@ class TrainParams(Section):
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
-            raise ValueError(f"must be a list without repeats, drawn from {', '.join(registry.names())}")
+            raise ValueError(f"must be a list without repeats, drawn from {', '.join(method_catalog.names())}")
         return v
 
     @model_validator(mode="after")
     def _something_to_train(self) -> "TrainParams":
         if not self.algorithms and not self.hetero_algorithms:
             raise ValueError("train.algorithms and train.hetero_algorithms are both empty: list at least one "
-                             f"method in either, drawn from {', '.join(registry.names())}")
+                             f"method in either, drawn from {', '.join(method_catalog.names())}")
         return self
 
     @field_validator("hetero_algorithms")
@@ -312,7 +312,7 @@ class CoreParams(Section):
     @model_validator(mode="after")
     def _method_rules(self) -> "CoreParams":
         # the sections this stage reads (a method's rules are checked where its section is)
-        for name in registry.names():
+        for name in method_catalog.names():
             section = getattr(self, name, None)
             if not isinstance(section, MethodParams):
                 continue
@@ -328,7 +328,7 @@ class CoreParams(Section):
 
 
 def _model_name(methods: tuple[str, ...]) -> str:
-    return "Params" if methods == registry.names() else "Params__" + "__".join(methods)
+    return "Params" if methods == method_catalog.names() else "Params__" + "__".join(methods)
 
 
 @cache
@@ -336,7 +336,7 @@ def params_model(methods: tuple[str, ...]) -> type[CoreParams]:
     """The params schema with these methods' sections (each from its own params.py)."""
     sections: dict[str, Any] = {}
     for name in methods:
-        cls = registry.params_class(name)
+        cls = method_catalog.params_class(name)
         sections[name] = (cls, cls())
     return create_model(_model_name(methods), __base__=CoreParams, __module__=__name__, **sections)
 
@@ -348,7 +348,7 @@ else:
         # `from pipeline.config import Params`: the schema with every method's section. The
         # subsets (`Params__fd`, ...) resolve by name too, so their instances pickle (Dask workers).
         if name == "Params":
-            return params_model(registry.names())
+            return params_model(method_catalog.names())
         if name.startswith("Params__"):
             return params_model(tuple(m for m in name.removeprefix("Params__").split("__") if m))
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -387,11 +387,11 @@ def parse_params(raw: dict, source: str = "params", methods: Iterable[str] | Non
     left out unread, so a stage never loads the code of a method it does not run."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-    methods = registry.names() if methods is None else tuple(methods)
+    methods = method_catalog.names() if methods is None else tuple(methods)
     for name in methods:
-        if name not in registry.names():
-            raise ConfigError(f"{source}: unknown method {name!r}; the methods are {', '.join(registry.names())}")
-    skipped = set(registry.names()) - set(methods)
+        if name not in method_catalog.names():
+            raise ConfigError(f"{source}: unknown method {name!r}; the methods are {', '.join(method_catalog.names())}")
+    skipped = set(method_catalog.names()) - set(methods)
     model = params_model(methods)
     try:
         return model.model_validate({k: v for k, v in raw.items() if k not in skipped})
