@@ -30,6 +30,7 @@ ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mob
 
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
 from pipeline import method_catalog  # the methods' names and params classes, without their code
+from pipeline.capabilities import Supports, refusals
 
 
 class Section(BaseModel):
@@ -115,9 +116,9 @@ class IndexParams(Section):
 class MethodParams(Section):
     """A method's params.yaml section: subclass it in pipeline/methods/<name>/params.py."""
 
-    # True for methods that average parameters: the same architecture on every client, so the
-    # method cannot be listed in train.hetero_algorithms
-    homogeneous_only: ClassVar[bool] = False
+    # what the method supports (executors, schedules, heterogeneous runs), declared once: checked when params
+    # load, read by the engine and tabled in docs/methods/index.md (pipeline/capabilities.py)
+    supports: ClassVar[Supports] = Supports()
     # this section's values for the smallest setting the tests run every method on (3 clients of 30
     # samples, tests/test_conformance.py), where a default is made for 30 clients
     tiny_setting: ClassVar[dict[str, Any]] = {}
@@ -312,13 +313,16 @@ class CoreParams(Section):
     @model_validator(mode="after")
     def _method_rules(self) -> "CoreParams":
         # the sections this stage reads (a method's rules are checked where its section is)
+        t = self.train
         for name in method_catalog.names():
             section = getattr(self, name, None)
             if not isinstance(section, MethodParams):
                 continue
-            if section.homogeneous_only and name in self.train.hetero_algorithms:
-                raise ValueError(f"train.hetero_algorithms lists {name}, which averages model parameters, so it "
-                                 "needs the same model on every client; remove it from the heterogeneous runs")
+            if name in t.algorithms or name in t.hetero_algorithms:  # what it supports (pipeline/capabilities.py)
+                found = refusals(name, section.supports, section, t.executor, t.schedule,
+                                 name in t.hetero_algorithms)
+                if found:
+                    raise ValueError(found[0])
             section.check(self)
         return self
 

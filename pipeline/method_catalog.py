@@ -47,9 +47,9 @@ def check_name(name: str) -> None:
 def params_class(name: str) -> type[MethodParams]:
     """The method's params section class, from pipeline/methods/<name>/params.py (no torch)."""
     check_name(name)
-    # a MethodParams subclass (pipeline/config.py) is a pydantic model declaring homogeneous_only;
+    # a MethodParams subclass (pipeline/config.py) is a pydantic model declaring what it `supports`;
     # told by that, so that config.py, which imports this module, is not imported back (and the
     # training core runs without pydantic: bench/gpu_check.sh)
     return only_class(importlib.import_module(f"pipeline.methods.{name}.params"),
-                      lambda c: hasattr(c, "model_fields") and hasattr(c, "homogeneous_only"),
+                      lambda c: hasattr(c, "model_fields") and hasattr(c, "supports"),
                       "MethodParams subclass (the method's params.yaml section)")

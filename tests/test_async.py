@@ -43,9 +43,9 @@ def test_fedasync_mixes_an_upload_in_with_its_staleness_weight_on_a_hand_case():
 
 def _server(default_params_raw, tmp_path, buffer: int) -> ParameterAveraging:
     raw = default_params_raw
-    raw["train"].update(schedule="async", async_buffer=buffer, async_alpha=0.6, async_staleness_exponent=0.5)
+    raw["train"].update(schedule="async", async_buffer=buffer, async_alpha=0.6, async_staleness_exponent=0.5,
+                        algorithms=["fedavg"])  # (a method listed without an asynchronous form is refused at load)
     raw["devices"]["enabled"] = True
-    raw["fedcache"]["consistency"] = "round"  # (every section is validated: FedCache's async needs it)
     ctx = ServerContext(parse_params(raw), 3, 10, (1, 28, 28), None, torch.device("cpu"), tmp_path)
     return ParameterAveraging(ctx, {"w": torch.tensor([0.0], dtype=torch.float64)})
 

@@ -30,13 +30,14 @@ import torch
 from conftest import make_workspace, tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
+from pipeline.capabilities import holds
 from pipeline.methods import registry
 from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
 
 CASES = [(name, hetero) for name in registry.names()
-         for hetero in ((False,) if registry.params_class(name).homogeneous_only else (False, True))]
+         for hetero in ((False,) if registry.params_class(name).supports.heterogeneous is not True else (False, True))]
 IDS = [f"{name}-{'hetero' if hetero else 'homo'}" for name, hetero in CASES]
 # the heterogeneous cases (ResNet-8/16/20 side by side) in the end-to-end tier: `make test-fast` keeps to 3 minutes
 PARAMS = [pytest.param(name, hetero, id=i, marks=[pytest.mark.slow] if hetero else [])
@@ -83,9 +84,9 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
     seq = _trainer(params, part, mnist, method, "seq", hetero, "sequential")
     vec = _trainer(params, part, mnist, method, "vec", hetero, "vectorized")
     assert isinstance(seq.executor, SequentialExecutor)
-    why = registry.method_class(method).vectorized_unsupported(params)
-    if why is not None:  # the method says why it cannot: it runs on the sequential executor, as declared
-        assert isinstance(vec.executor, SequentialExecutor) and why.strip()
+    vectorized = holds(registry.params_class(method).supports.executors["vectorized"], getattr(params, method))
+    if not vectorized:  # the method declares it cannot: it runs on the sequential executor, as declared
+        assert isinstance(vec.executor, SequentialExecutor)
     else:
         assert isinstance(vec.executor, VectorizedExecutor)
     sizes = [c.num_train for c in seq.clients]

@@ -1,5 +1,7 @@
 """FD and FedAvg: aggregation rules on constructed cases, and their bytes in a short real run."""
 
+import re
+
 import duckdb
 import numpy as np
 import pytest
@@ -150,15 +152,16 @@ def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
                     for c in trainer.clients]
 
 
-@pytest.mark.parametrize("name", [n for n in REGISTRY if registry.params_class(n).homogeneous_only])
+@pytest.mark.parametrize("name", [n for n in REGISTRY if registry.params_class(n).supports.heterogeneous is not True])
 def test_config_refuses_homogeneous_only_methods_in_heterogeneous_runs(name):
     from conftest import tiny_params_raw
     from pipeline.config import parse_params
 
     assert name in ("fedavg", "fedalt", "mtfl", "pdfl", "pfedme")  # the parameter-sharing methods
-    with pytest.raises(ConfigError, match=f"train.hetero_algorithms lists {name}, which averages model parameters"):
+    why = registry.params_class(name).supports.heterogeneous.why  # its declaration's reason, in the error
+    with pytest.raises(ConfigError, match=re.escape(f"train.hetero_algorithms lists {name}, which {why}, so it needs")):
         parse_params(tiny_params_raw({"train": {"hetero_algorithms": [name]}}))
-    with pytest.raises(ConfigError, match="averages model parameters"):  # its own stage checks it too
+    with pytest.raises(ConfigError, match="needs the same model on every client"):  # its own stage checks it too
         parse_params(tiny_params_raw({"train": {"hetero_algorithms": [name]}}), methods=(name,))
 
 

@@ -68,10 +68,6 @@ class ParameterAveraging(Method):
         self.sent_version: dict[int, int] = {}  # async: the version each client downloaded last
         self.buffer: list[tuple[dict[str, torch.Tensor], float]] = []  # async: arrivals not folded yet, with weights
 
-    @classmethod
-    def async_unsupported(cls, params):
-        return None  # FedAsync (the module docstring); a subclass with its own aggregation says why not
-
     def wire(self, k):
         """The global state down, the client's state of the same tensors up."""
         state = state_bytes(self.global_state)

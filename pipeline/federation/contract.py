@@ -20,9 +20,9 @@ executor calls with the step's uploads; the engine's ledger counts those payload
 Evaluation inputs (`Method.evaluation`, e.g. FedAvg's global model) are a measurement of the
 simulation, not traffic of the method, so they are not counted.
 
-Each method declares itself once, here: its name (also its params.yaml section), the input
-files its checkpoint fingerprint covers, and whether the vectorized executor can run it (its
-params class declares whether it needs one architecture on every client).
+Each method declares itself once, here: its name (also its params.yaml section) and the input
+files its checkpoint fingerprint covers; what it supports (executors, schedules, heterogeneous
+runs) its params class declares (`supports`, pipeline/capabilities.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from pipeline.data.partition import Partition
-from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, evaluate_model, initial_model
 from pipeline.federation.ledger import Payload
 
@@ -209,11 +208,6 @@ class Method:
     client_cls: type[LocalUpdate] = LocalUpdate
 
     def __init__(self, ctx: ServerContext):
-        # homogeneous_only is declared by the method's params class (params.py), which the
-        # params schema reads without importing method code
-        if getattr(getattr(ctx.params, self.name, None), "homogeneous_only", False) and ctx.hetero:
-            raise ConfigError(f"{self.name} averages model parameters, so it needs the same model on every client: "
-                              "remove it from train.hetero_algorithms")
         self.ctx = ctx
 
     # -- declaration -------------------------------------------------------------------
@@ -224,19 +218,6 @@ class Method:
         from pipeline import paths
 
         return [paths.PARTITION]
-
-    @classmethod
-    def vectorized_unsupported(cls, params: Params) -> str | None:
-        """Why the vectorized executor cannot run this method with these params (None: it can)."""
-        return None
-
-    @classmethod
-    def async_unsupported(cls, params: Params) -> str | None:
-        """Why `train.schedule: async` cannot run this method (None: it can). A method that can has a server half
-        that takes one client's upload at a time (`arrive`) and makes one client's download from whatever it
-        holds at that instant (`configure` with one client); by default a method has not been checked for that."""
-        return (f"{cls.name}'s server half is written for rounds (a round's uploads folded together); its "
-                "asynchronous form is not done")
 
     # -- server half ---------------------------------------------------------------------
 

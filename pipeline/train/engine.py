@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from pipeline import method_catalog
+from pipeline.capabilities import Supports, executor_for, refusals
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.devices import resolve_device
@@ -261,29 +263,28 @@ class Simulation:
 
 def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate,
                   schedule_cls: type[Schedule] | None = None):
-    """The executor `train.executor` asks for, or the sequential one (saying why) when the method cannot be
-    vectorized, or its client half (`local`) calls the per-step exchange hook, which cannot run on a Dask worker,
-    or the schedule trains one client's update at a time, each at its own simulated instant (async)."""
-    if params.train.executor == "sequential":
+    """The executor `train.executor` asks for, or the sequential one (saying why) where the method's declaration
+    (`supports`, pipeline/capabilities.py) says the asked one cannot run it, or the schedule trains one client's
+    update at a time, each at its own simulated instant (async)."""
+    name = method_cls.name
+    executor, why = executor_for(name, method_supports(params, name), getattr(params, name), params.train.executor)
+    if executor != "sequential" and schedule_cls is not None and schedule_cls.one_client_at_a_time:
+        executor, why = "sequential", (f"train.schedule {schedule_cls.name} trains one client's update at a time, "
+                                       "each at its own simulated instant")
+    if why:
+        print(f"{name}: runs on the sequential executor ({why})", flush=True)
+    if executor == "sequential":
         return SequentialExecutor()
-    if schedule_cls is not None and schedule_cls.one_client_at_a_time:
-        print(f"{method_cls.name}: runs on the sequential executor (train.schedule {schedule_cls.name} trains one "
-              "client's update at a time, each at its own simulated instant)", flush=True)
-        return SequentialExecutor()
-    if params.train.executor == "dask":
-        if local.uses_exchange:
-            print(f"{method_cls.name}: runs on the sequential executor in the flow's process, not on Dask (its client "
-                  "half calls the per-step exchange hook, as fedcache.consistency live does, which needs the server "
-                  "half at every step; fedcache.consistency round runs on Dask)", flush=True)
-            return SequentialExecutor()
+    if executor == "dask":
         from pipeline.train.dask_executor import DaskExecutor  # Prefect and Dask only when asked for
 
         return DaskExecutor(params.train.dask_address, params.train.dask_workers)
-    why = method_cls.vectorized_unsupported(params)
-    if why:
-        print(f"{method_cls.name}: runs on the sequential executor ({why})", flush=True)
-        return SequentialExecutor()
     return VectorizedExecutor(params.train.group_size)
+
+
+def method_supports(params: Params, name: str) -> Supports:
+    """The method's declaration of what it supports (its params section's class)."""
+    return method_catalog.params_class(name).supports
 
 
 class Trainer:
@@ -292,10 +293,12 @@ class Trainer:
                  run_info: RunInfo = RunInfo()):
         self.run_info = run_info
         schedule_cls = schedule_class(params.train.schedule)  # the params schema has checked its devices
+        name, t = algorithm_cls.name, params.train
+        # what the method supports, as params validation checks it (params built in code skip that)
+        found = refusals(name, method_supports(params, name), getattr(params, name), t.executor, t.schedule, hetero)
+        if found:
+            raise ConfigError(found[0])
         local = algorithm_cls.client_cls(params, ds.num_classes)
-        why_not = schedule_cls.refuses(params, algorithm_cls, local)
-        if why_not:
-            raise ConfigError(why_not)
         executor = make_executor(params, algorithm_cls, local, schedule_cls)
         torch.set_num_threads(params.train.threads or executor.threads)
         self.params = params

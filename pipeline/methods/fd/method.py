@@ -72,12 +72,6 @@ class FD(Method):
         self.held = torch.zeros(K, C, dtype=torch.bool)
         self.classes = [classes_held(ctx.client_labels(k), C) for k in range(K)]
 
-    @classmethod
-    def async_unsupported(cls, params):
-        # async: a client's upload replaces its class logits when it arrives, and its download is the leave-one-out
-        # mean of the others' latest logits at the instant its update starts (configure with one client)
-        return None
-
     def wire(self, k):
         per_class, held = 8 + 4 * self.ctx.num_classes, int(self.classes[k].sum())
         return {("up", "class_logits"): Wire(per_class, held), ("down", "class_logits"): Wire(per_class, held, False)}

@@ -6,11 +6,13 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import MethodParams
 
 
 class FedAltParams(MethodParams):
-    homogeneous_only: ClassVar[bool] = True  # block-wise averaging of one multi-exit ResNet-20
+    supports: ClassVar[Supports] = Supports(
+        heterogeneous=Never("averages the blocks of one multi-exit ResNet-20 across clients"))
 
     tau: int = Field(5, ge=1)
     capacity: list[float] = [0.3, 0.4, 0.3]

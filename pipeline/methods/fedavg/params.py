@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import MethodParams
 
 
 class FedAvgParams(MethodParams):
-    homogeneous_only: ClassVar[bool] = True
+    # FedAsync under async (pipeline/federation/averaging.py)
+    supports: ClassVar[Supports] = Supports(schedules={"async": True},
+                                            heterogeneous=Never("averages model parameters"))
 
     eval_model: Literal["personalized", "global"] = "personalized"

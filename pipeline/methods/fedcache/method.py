@@ -123,21 +123,6 @@ class FedCache(Method):
     def inputs(cls):
         return [paths.PARTITION, paths.RELATIONS]
 
-    @classmethod
-    def vectorized_unsupported(cls, params):
-        if params.fedcache.consistency == "live":
-            return ("fedcache.consistency live lets each batch read what earlier clients wrote in the same round, "
-                    "which is inherently one client after another; step or round consistency can be vectorized")
-        return None
-
-    @classmethod
-    def async_unsupported(cls, params):
-        # async (round consistency, pipeline/methods/fedcache/params.py): a client's download holds its samples'
-        # teachers from the cache as it is when its update starts; its logits are written when its upload arrives
-        if params.fedcache.consistency != "round":
-            return "fedcache.consistency must be round (the cache read at each update's start)"
-        return None
-
     def wire(self, k):
         n, C = len(self.ctx.client_sample_ids(k)), self.ctx.num_classes
         codes = np.load(paths.HASHES, mmap_mode="r")  # a row of the encode stage's codes: d values of s bytes

@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from pipeline.capabilities import Only, Supports
 from pipeline.config import MethodParams
 
 
@@ -13,6 +14,19 @@ class FedCacheParams(MethodParams):
     # round: every client reads the round-start cache, so the two executors agree bit for bit
     # (step, the default, needs the vectorized executor; live runs client after client)
     tiny_setting: ClassVar[dict] = {"consistency": "round"}
+    # live: each batch reads what earlier clients wrote this round (one client after another); step: all clients
+    # take each local step together (the vectorized executor); both call the server at every step, which a Dask
+    # worker cannot, and which is not done at each step's simulated instant (deadline, quorum, async: under async
+    # round consistency reads the cache when an update starts and writes the logits when its upload arrives)
+    supports: ClassVar[Supports] = Supports(
+        executors={"sequential": Only("consistency", ("live", "round"), "fedcache.consistency step makes all clients "
+                                      "take each local step together, which only the vectorized executor does"),
+                   "vectorized": Only("consistency", ("step", "round"), "fedcache.consistency live lets each batch "
+                                      "read what earlier clients wrote in the same round, one client after another"),
+                   "dask": Only("consistency", ("round",), "its client half calls the server at every step (the "
+                                "per-step exchange), which a Dask worker cannot")},
+        schedules={s: Only("consistency", ("round",), "the cache read at every step's simulated instant is not done "
+                           "yet") for s in ("deadline", "quorum", "async")})
 
     beta: float = Field(1.5, ge=0, allow_inf_nan=False)
     T: float = Field(3.0, gt=0, allow_inf_nan=False)
@@ -20,17 +34,3 @@ class FedCacheParams(MethodParams):
     # official code's live order (docs/methods/fedcache.md, measured); the paper presets pin live
     consistency: Literal["live", "round", "step"] = "step"
     cold_start: Literal["skip", "zeros"] = "skip"
-
-    def check(self, params) -> None:
-        if self.consistency == "step" and params.train.executor != "vectorized":
-            raise ValueError("fedcache.consistency = 'step' makes all clients take each local step together, which "
-                             f"only the vectorized executor does; train.executor is {params.train.executor!r}: set "
-                             "train.executor: vectorized, or choose fedcache.consistency live or round")
-        if params.train.schedule == "async" and self.consistency != "round":
-            # under async a client reads the cache when its update starts and writes it when the update ends
-            # (round consistency's download and upload, at the client's own instants); reading it per batch at
-            # each batch's simulated instant is not done yet
-            raise ValueError(f"train.schedule = 'async' with fedcache.consistency = {self.consistency!r} (the cache "
-                             "read at every batch) is not done yet: set fedcache.consistency: round (each client "
-                             "reads the cache when its update starts and writes its logits when it ends), or "
-                             "train.schedule: sync")

@@ -14,7 +14,3 @@ class LocalClient(LocalUpdate):
 class LocalOnly(Method):
     name = "local"
     client_cls = LocalClient
-
-    @classmethod
-    def async_unsupported(cls, params):
-        return None  # nothing is exchanged: under async each client just trains at its device's pace

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from pipeline.capabilities import Supports
 from pipeline.config import MethodParams
 
 
 class LocalParams(MethodParams):
-    pass
+    # async: nothing is exchanged: each client trains at its device's pace
+    supports: ClassVar[Supports] = Supports(schedules={"async": True})

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import MethodParams
 
 
 class MTFLParams(MethodParams):
-    homogeneous_only: ClassVar[bool] = True  # averages model parameters
+    # FedAsync under async (pipeline/federation/averaging.py)
+    supports: ClassVar[Supports] = Supports(schedules={"async": True},
+                                            heterogeneous=Never("averages model parameters"))
 
     # before_local: the round's figure is MTFL's own reading, the new global shared tensors with the
     # client's private BatchNorm, before any local training on them; after_local: the client's model as

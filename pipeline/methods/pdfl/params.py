@@ -6,11 +6,13 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import MethodParams
 
 
 class PDFLParams(MethodParams):
-    homogeneous_only: ClassVar[bool] = True  # peers distil into each other's models: one architecture
+    supports: ClassVar[Supports] = Supports(
+        heterogeneous=Never("trains copies of its neighbours' models (one architecture for all)"))
     # 3 clients: the complete graph; 2 steps of each inner optimisation exercise them as 10 or 20 do
     tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2, "external_steps": 2, "attention_steps": 2}
 

@@ -85,15 +85,6 @@ class PFedMe(ParameterAveraging):
         super().__init__(ctx, state_copy(ctx.initial_model(0)))
         self.beta = ctx.params.pfedme.beta
 
-    @classmethod
-    def vectorized_unsupported(cls, params):
-        return "pfedme moves each client's local copy w toward its own personal model after every step"
-
-    @classmethod
-    def async_unsupported(cls, params):
-        return ("pfedme's server moves the global model toward the round's mean by pfedme.beta; its asynchronous "
-                "form (FedAsync's mixing serves FedAvg and MTFL) is not done")
-
     def aggregate(self, round_, uploads):
         mean = self.mean_upload(uploads)
         if self.beta == 1.0:

@@ -6,11 +6,17 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import MethodParams
 
 
 class PFedMeParams(MethodParams):
-    homogeneous_only: ClassVar[bool] = True  # averages model parameters
+    supports: ClassVar[Supports] = Supports(
+        executors={"vectorized": Never("pfedme moves each client's local copy w toward its own personal model after "
+                                       "every step")},
+        schedules={"async": Never("pfedme's server moves the global model toward the round's mean by pfedme.beta; its "
+                                  "asynchronous form (FedAsync's mixing serves FedAvg and MTFL) is not done")},
+        heterogeneous=Never("averages model parameters"))
     tiny_setting: ClassVar[dict] = {"K": 2}  # two inner steps still exercise w moving once per batch
 
     eta: float = Field(0.005, gt=0, allow_inf_nan=False)

@@ -57,7 +57,6 @@ from pipeline.train.schedules.base import Schedule
 
 if TYPE_CHECKING:
     from pipeline.config import Params
-    from pipeline.federation.contract import LocalUpdate, Method
     from pipeline.train.engine import Simulation, Timer
 
 # the events of one update, in the order they are taken when they fall on the same instant; dropped: the device
@@ -113,14 +112,6 @@ class Async(Schedule):
         # the waiting share's figures of the current span (docs/devices.md): client-seconds spent on updates that
         # arrived, or are still under way at the span's end; an update dropped later takes back what it was credited
         self.busy_s = 0.0
-
-    @classmethod
-    def refuses(cls, params: Params, method_cls: type[Method], local: LocalUpdate) -> str | None:
-        why_not = method_cls.async_unsupported(params)
-        if why_not:
-            return (f"train.schedule = 'async' cannot run {method_cls.name}: {why_not}. Set train.schedule: sync (or "
-                    f"deadline) for it, or leave {method_cls.name} out of train.algorithms")
-        return None
 
     # -- set-up and spans ------------------------------------------------------------------------------
 

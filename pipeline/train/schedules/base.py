@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pipeline.config import Params
-    from pipeline.federation.contract import LocalUpdate, Method
     from pipeline.train.engine import Simulation, Timer
 
 
@@ -19,11 +18,6 @@ class Schedule:
 
     def __init__(self, sim: Simulation, params: Params, run_dir: Path):
         self.sim, self.params, self.run_dir = sim, params, Path(run_dir)
-
-    @classmethod
-    def refuses(cls, params: Params, method_cls: type[Method], local: LocalUpdate) -> str | None:
-        """Why this schedule cannot run the method with these params, as a ConfigError's text (None: it can)."""
-        return None
 
     def begin(self) -> None:
         """After the set-up round (round 0), before round 1."""

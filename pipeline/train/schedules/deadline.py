@@ -12,9 +12,7 @@ import numpy as np
 from pipeline.train.schedules.sync import Sync
 
 if TYPE_CHECKING:
-    from pipeline.config import Params
     from pipeline.federation.clock import ClientTime
-    from pipeline.federation.contract import LocalUpdate, Method
 
 
 def deadline_length(durations: list[float], deadline_s: float | None, quantile: float | None) -> float:
@@ -28,14 +26,6 @@ def deadline_length(durations: list[float], deadline_s: float | None, quantile: 
 
 class Deadline(Sync):
     name = "deadline"
-
-    @classmethod
-    def refuses(cls, params: Params, method_cls: type[Method], local: LocalUpdate) -> str | None:
-        if local.uses_exchange:
-            return (f"train.schedule = 'deadline' with {method_cls.name}'s per-step exchange (its client half "
-                    "talks to the server at every step, e.g. fedcache.consistency live or step) is not done "
-                    "yet: set fedcache.consistency: round, or train.schedule: sync")
-        return None
 
     def deadline(self, start: float, times: dict[int, ClientTime]) -> float | None:
         t = self.params.train

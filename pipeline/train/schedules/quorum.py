@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from pipeline.federation.clock import ClientTime
 
 
-class Quorum(Deadline):  # a deadline schedule whose deadline is the quorum's arrival (and the same refusals)
+class Quorum(Deadline):  # a deadline schedule whose deadline is the quorum's arrival
     name = "quorum"
 
     def deadline(self, start: float, times: dict[int, ClientTime]) -> float | None:
