@@ -65,6 +65,7 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/python -m flows\.train \S+", "run", "a training stage by hand"),
     (r"\.venv/bin/dvc repro -s -f train@\S+", "run", "one training stage again, forced"),
     (r"\.venv/bin/python -m pipeline\.results\.store rebuild", "run", "the results index from the runs' own files"),
+    (r"\.venv/bin/python -m pipeline\.capabilities", "run", "prints docs/methods/index.md's support table"),
     (r"\.venv/bin/dvc exp run -S train\.executor=dask .*", "excluded",
      "every training stage again, each on a local Dask cluster (minutes on 2 cores); tests/test_dask_executor.py "
      "runs the executor on one, and on a scheduler and workers started as separate processes"),
