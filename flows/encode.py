@@ -15,7 +15,7 @@ from flows.logs import log_progress
 from pipeline import paths, progress
 from pipeline.config import Params, load_params
 from pipeline.data.datasets import load_dataset
-from pipeline.devices import resolve_device
+from pipeline.torch_device import resolve_device
 from pipeline.index.encoder import build_encoder, encode
 from pipeline.data.partition import Partition
 

@@ -1,6 +1,6 @@
 """The device each client runs on: compute speed, uplink and downlink bandwidth, availability.
 
-(Not `pipeline/devices.py`, which picks the torch device the simulation itself computes on.)
+(Not `pipeline/torch_device.py`, which picks the torch device the simulation itself computes on.)
 
 A `Device` is what the simulated clock (pipeline/federation/clock.py) needs of one client:
 

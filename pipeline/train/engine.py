@@ -52,7 +52,7 @@ from pipeline import method_catalog
 from pipeline.capabilities import Supports, executor_for, refusals
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
-from pipeline.devices import resolve_device
+from pipeline.torch_device import resolve_device
 from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, build_clients, on_split
 from pipeline.federation.clock import ClientTime, Clock, RoundPlan, build_clock
@@ -288,18 +288,18 @@ def method_supports(params: Params, name: str) -> Supports:
 
 
 class Trainer:
-    def __init__(self, params: Params, algorithm_cls, part: Partition, ds: ImageDataset, run_dir: Path,
+    def __init__(self, params: Params, method_cls, part: Partition, ds: ImageDataset, run_dir: Path,
                  checkpoint_path: Path, results: ResultsDB, input_files: list[Path] | None = None, hetero: bool = False,
                  run_info: RunInfo = RunInfo()):
         self.run_info = run_info
         schedule_cls = schedule_class(params.train.schedule)  # the params schema has checked its devices
-        name, t = algorithm_cls.name, params.train
+        name, t = method_cls.name, params.train
         # what the method supports, as params validation checks it (params built in code skip that)
         found = refusals(name, method_supports(params, name), getattr(params, name), t.executor, t.schedule, hetero)
         if found:
             raise ConfigError(found[0])
-        local = algorithm_cls.client_cls(params, ds.num_classes)
-        executor = make_executor(params, algorithm_cls, local, schedule_cls)
+        local = method_cls.client_cls(params, ds.num_classes)
+        executor = make_executor(params, method_cls, local, schedule_cls)
         torch.set_num_threads(params.train.threads or executor.threads)
         self.params = params
         self.device = resolve_device(params.device)
@@ -312,14 +312,14 @@ class Trainer:
         ctx = ServerContext(params, part.num_clients, ds.num_classes, ds.input_shape, part, self.device, run_dir,
                             hetero)
         devices = population(params.devices, part.num_clients, params.seed) if params.devices.enabled else None
-        self.sim = Simulation(algorithm_cls, build_clients(params, part, ds, self.device, hetero), ctx, executor, local)
+        self.sim = Simulation(method_cls, build_clients(params, part, ds, self.device, hetero), ctx, executor, local)
         if devices is not None:
             self.sim.clock = build_clock(params, devices, [c.model for c in self.sim.clients], ds.input_shape,
                                          ds.num_classes)
         self.schedule = schedule_cls(self.sim, params, run_dir)
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
-        inputs = algorithm_cls.inputs() if input_files is None else input_files
+        inputs = method_cls.inputs() if input_files is None else input_files
         if params.devices.enabled and params.devices.trace is not None:  # a checkpoint resumes only on the same trace
             inputs = [*inputs, Path(params.devices.trace)]
         self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)

@@ -1,4 +1,5 @@
-"""`device: auto` uses CUDA when present; everything also runs on the CPU."""
+"""Which torch device the simulation computes on (`device:` in params.yaml): `auto` uses CUDA when present; everything
+also runs on the CPU. (The simulated devices the clients train on are pipeline/federation/devices.py's.)"""
 
 import torch
 
