@@ -189,5 +189,5 @@ def test_bad_clock_params_are_refused_naming_the_key(default_params_raw, section
 
 def test_a_deadline_with_devices_is_accepted(default_params_raw):
     params = parse_params(_with(default_params_raw, train={"schedule": "deadline", "deadline_quantile": 0.8},
-                                devices={"enabled": True}))
+                                devices={"enabled": True}, fedcache={"consistency": "round"}))
     assert (params.train.schedule, params.train.deadline_quantile, params.devices.enabled) == ("deadline", 0.8, True)

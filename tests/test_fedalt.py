@@ -3,7 +3,6 @@ aggregation, full-model rounds (multiples of tau+1), the seeded capacity profile
 one-way self-distillation, whole-model uploads and bytes in a real run, acc_global, resume."""
 
 import copy
-from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -14,7 +13,7 @@ from models.multiexit import NUM_BLOCKS, MultiExitResNet, block_of, block_state,
 from models.resnet import build_model, count_parameters
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
-from pipeline.methods.fedalt.method import (FedAlt, aggregate, blocks_sent, combine, compute_tier, congested,
+from pipeline.methods.fedalt.method import (aggregate, blocks_sent, combine, compute_tier, congested,
                                        distill_weight, fedalt_loss_rows, full_round)
 from pipeline.federation.clients import evaluate_model
 from pipeline.federation.ledger import nbytes
@@ -210,8 +209,9 @@ def test_distillation_alone_trains_the_exits_and_in_two_way_the_final_head(disti
 
 
 def test_refuses_heterogeneous_models():
-    with pytest.raises(ConfigError, match="same model"):
-        FedAlt(SimpleNamespace(hetero=True, params=parse_params({})))
+    """Its declaration (params.py `supports`) refuses heterogeneous runs when params load."""
+    with pytest.raises(ConfigError, match="train.hetero_algorithms lists fedalt, which averages the blocks"):
+        parse_params({"train": {"hetero_algorithms": ["fedalt"]}})
 
 
 def _trainer(params, part, mnist):

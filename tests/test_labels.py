@@ -118,9 +118,11 @@ def test_only_the_methods_own_section_counts():
 def test_the_schedule_is_in_the_label_when_not_a_plain_sync_run():
     """Issue 24: two runs of one method under different schedules must not share a name."""
     on = {"enabled": True}
-    assert run_label(parse_params({"devices": on, "train": {"schedule": "deadline", "deadline_quantile": 0.8}}),
+    assert run_label(parse_params({"devices": on, "train": {"schedule": "deadline", "deadline_quantile": 0.8,
+                                                             "algorithms": ["fedavg"]}}),
                      "fedavg") == "fedavg (schedule=deadline)"
-    assert run_label(parse_params({"devices": on, "train": {"schedule": "async"}, "fedcache": {"consistency": "round"}}),
+    assert run_label(parse_params({"devices": on, "train": {"schedule": "async", "algorithms": ["fedcache"]},
+                                   "fedcache": {"consistency": "round"}}),
                      "fedcache") == "fedcache (consistency=round, schedule=async)"
     # devices on, sync: its simulated times set it apart from a plain run
     assert run_label(parse_params({"devices": on}), "fd") == "fd (schedule=sync)"

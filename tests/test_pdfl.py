@@ -512,9 +512,6 @@ def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
 
 
 def test_heterogeneous_models_are_refused():
-    from types import SimpleNamespace
-
-    from pipeline.methods.pdfl.method import PDFL
-
-    with pytest.raises(ConfigError, match="train.hetero_algorithms"):
-        PDFL(SimpleNamespace(hetero=True, params=parse_params({})))
+    """Its declaration (params.py `supports`) refuses heterogeneous runs when params load."""
+    with pytest.raises(ConfigError, match="train.hetero_algorithms lists pdfl, which trains copies of its neighbours"):
+        parse_params({"train": {"hetero_algorithms": ["pdfl"]}})

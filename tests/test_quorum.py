@@ -45,8 +45,9 @@ def test_the_round_closes_at_the_quorums_arrival(q, online_until, close):
 
 
 def test_quorum_params_are_checked_naming_the_key():
-    def params(**train):
-        return parse_params(tiny_params_raw({"train": train, "devices": {"enabled": True}}))
+    def params(**train):  # FedCache (listed) reads the cache once per update under a quorum, as under a deadline
+        return parse_params(tiny_params_raw({"train": train, "devices": {"enabled": True},
+                                             "fedcache": {"consistency": "round"}}))
 
     with pytest.raises(ConfigError, match=r"train.schedule = 'quorum' needs train.quorum"):
         params(schedule="quorum")
@@ -55,7 +56,8 @@ def test_quorum_params_are_checked_naming_the_key():
     with pytest.raises(ConfigError, match=r"train.quorum"):
         params(schedule="quorum", quorum=1.5)
     with pytest.raises(ConfigError, match=r"train.schedule = 'quorum'.*devices.enabled: true"):
-        parse_params(tiny_params_raw({"train": {"schedule": "quorum", "quorum": 0.5}}))
+        parse_params(tiny_params_raw({"train": {"schedule": "quorum", "quorum": 0.5},
+                                      "fedcache": {"consistency": "round"}}))
     assert params(schedule="quorum", quorum=0.5).train.quorum == 0.5
 
 

@@ -23,8 +23,8 @@ class FedCacheParams(MethodParams):
                                       "take each local step together, which only the vectorized executor does"),
                    "vectorized": Only("consistency", ("step", "round"), "fedcache.consistency live lets each batch "
                                       "read what earlier clients wrote in the same round, one client after another"),
-                   "dask": Only("consistency", ("round",), "its client half calls the server at every step (the "
-                                "per-step exchange), which a Dask worker cannot")},
+                   "dask": Only("consistency", ("round",), "its client half calls the per-step exchange hook, which "
+                                "needs the server half beside it at every step (a Dask worker has none)")},
         schedules={s: Only("consistency", ("round",), "the cache read at every step's simulated instant is not done "
                            "yet") for s in ("deadline", "quorum", "async")})
 
