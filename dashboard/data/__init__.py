@@ -1,0 +1,24 @@
+"""Reading the results for the dashboard: pure functions, no Streamlit, one module per job.
+
+    load      the results files: runs, one snapshot of the selected runs (dashboard.data.load says how a read
+              shares the files with a training stage that writes them)
+    select    which runs to show by default, and how their set-ups differ
+    ties      runs as RunSeries, their 95% intervals, leaders counting ties, the Pareto view
+    tables    the comparison and paper tables as shown (text with intervals, marks, CSV)
+    traffic   curves, clients, the cache and the bytes by what they carry
+    groups    runs that differ only in their seed, as one group
+    sweeps    which runs are one-key sweeps;  ablations: the Ablations tab's points
+    params    runs' params compared and filtered
+
+The views read everything as `data.<name>`: each module's public names are here.
+"""
+
+from dashboard.data.load import *  # noqa: F401,F403
+from dashboard.data.select import *  # noqa: F401,F403
+from dashboard.data.ties import *  # noqa: F401,F403
+from dashboard.data.tables import *  # noqa: F401,F403
+from dashboard.data.traffic import *  # noqa: F401,F403
+from dashboard.data.groups import *  # noqa: F401,F403
+from dashboard.data.sweeps import *  # noqa: F401,F403
+from dashboard.data.ablations import *  # noqa: F401,F403
+from dashboard.data.params import *  # noqa: F401,F403

@@ -1,0 +1,339 @@
+"""Reading the results files: the runs and one snapshot of the selected runs (no Streamlit).
+
+The results are the index `results/results.duckdb` (rebuilt by the report stage) and each
+training stage's own `results/runs/<name>/run.duckdb` (pipeline.results.store). A read takes the index
+plus every per-run file that changed since the index was built (a stage running now, or one that
+finished after the last report), the per-run file's rows replacing the index's for its run: one
+in-memory DuckDB connection attaches them read-only and its views `runs`, `rounds`,
+`client_rounds`, `comm` combine them.
+
+The trainer opens its file for each round's write and closes it; while it holds it, DuckDB
+refuses any other process (even read-only). So every read attaches the files, reads everything
+one view needs in one go, and closes them at once (milliseconds, so the trainer's own retry loop
+barely notices); a lock is retried briefly before giving up with `ResultsBusy` (the app then
+keeps showing its previous snapshot). A damaged file raises `ResultsDamaged`, naming the file and
+the command that makes it again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pandas as pd
+
+from dashboard.data.sweeps import ablation_runs
+from pipeline import paths
+from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
+
+
+class ResultsUnavailable(Exception):
+    """The results cannot be shown right now; str(err) is a message for the user."""
+
+
+class NoResults(ResultsUnavailable):
+    """No index and no per-run file (nothing has run yet)."""
+
+
+class ResultsBusy(ResultsUnavailable):
+    """A file stayed locked by a writer (a training round) for the whole retry window."""
+
+
+class ResultsDamaged(ResultsUnavailable):
+    """A file is damaged or not a results file; the message names it and the command that rebuilds it."""
+
+
+def _changed_ns(path: Path) -> int:
+    """When a DuckDB file last changed (its write-ahead log included); 0 if it is gone."""
+    times = []
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            times.append(p.stat().st_mtime_ns)
+        except FileNotFoundError:
+            pass
+    return max(times, default=0)
+
+
+def live_run_files(index: Path, runs_dir: Path) -> list[Path]:
+    """The per-run files the index may not hold as they are now: every one changed since the index
+    was built (rebuild_index dates the index to when it read them), all of them without an index."""
+    try:
+        built = Path(index).stat().st_mtime_ns
+    except FileNotFoundError:
+        built = -1
+    return [f for f in run_files(runs_dir) if _changed_ns(f) > built]
+
+
+def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
+             changed_s: dict[str, float] | None = None) -> None:
+    """Temp views runs/rounds/... over the attached catalogs: the index's rows of the runs no live
+    file holds, then every live file's rows (an empty typed table underneath gives every column);
+    and a temp table file_seen (run_id, seen_s): when each live file last changed (epoch s)."""
+    con.execute("CREATE SCHEMA empty")
+    con.execute("USE memory.empty")
+    con.execute(RUN_SCHEMA)
+    con.execute("USE memory.main")
+    have = {c: {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+                                          "AND schema_name = 'main'", [c]).fetchall()} for c in [index, *live] if c}
+    fresh = " UNION ".join(f"SELECT run_id FROM {c}.runs" for c in live if "runs" in have[c])
+    for table in TABLES:
+        parts = [f"SELECT * FROM empty.{table}"]
+        for c in [index, *live]:
+            if c and table in have[c]:
+                where = f" WHERE run_id NOT IN ({fresh})" if c == index and fresh else ""
+                parts.append(f"SELECT * FROM {c}.{table}{where}")
+        con.execute(f"CREATE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+    con.execute("CREATE TEMP TABLE file_seen (run_id VARCHAR, seen_s DOUBLE)")
+    for c in live:
+        if "runs" in have[c]:
+            con.execute(f"INSERT INTO file_seen SELECT run_id, ? FROM {c}.runs", [(changed_s or {}).get(c)])
+
+
+@contextmanager
+def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
+                     runs_dir: Path | None = None,
+                     notices: list[tuple[str, str]] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection whose views combine the index `path` and its live per-run files (runs_dir,
+    default <index dir>/runs), attached read-only and retried while a writer holds one; closed on exit.
+    An index that is damaged, or holds no run while per-run files exist, is passed over: every per-run
+    file is read instead. `notices` (when given) gets ("warning", text) saying so, with the rebuild command, or
+    ("info", text) when per-run files changed since the index was built (they are read directly)."""
+    path = Path(path)
+    runs_dir = Path(runs_dir) if runs_dir is not None else path.parent / paths.RUNS.name
+    live = live_run_files(path, runs_dir)
+    if not path.is_file() and not live:
+        raise NoResults(f"No results database at `{path}` yet (nor per-run results in `{runs_dir}`). Run the "
+                        "pipeline first (`make run`), or point the dashboard at one with FEDCACHE_RESULTS_DB / "
+                        "--results-db.")
+    deadline = time.monotonic() + timeout_s
+    con = duckdb.connect()
+
+    def attach_or_raise(f: Path, alias: str) -> bool:
+        try:
+            return attach(con, f, alias, max(0.0, deadline - time.monotonic()), poll_s)
+        except ResultsLocked as err:
+            raise ResultsBusy(f"`{f}` is locked by a writer (a training round): {err.why}") from err
+
+    try:
+        index, problem = None, None
+        if path.is_file():
+            every_file = run_files(runs_dir)  # what is read instead of an index that cannot serve
+            try:
+                index = "src_index" if attach_or_raise(path, "src_index") else None
+            except ResultsError as err:
+                if not every_file:
+                    raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
+                                         f"{fix(path)}.") from err
+                problem = f"is damaged ({err.why})"
+            else:
+                empty = index is not None and not _has_runs(con, index)
+                problem = "holds no run" if empty and every_file else None
+                if problem:
+                    con.execute(f"DETACH {index}")
+                    index = None
+            if problem:
+                live = every_file
+                if notices is not None:
+                    notices.append(("warning", f"The index `{path}` {problem}: showing the {len(live)} per-run files "
+                                               f"in `{runs_dir}` directly. To make it again, {fix(path)}."))
+            elif live and notices is not None:
+                notices.append(("info", f"{len(live)} per-run file(s) in `{runs_dir}` changed since the index `{path}` "
+                                        f"was built (a run in progress, or one not indexed yet): read directly. "
+                                        f"To fold them into the index, {fix(path)}."))
+        fresh, changed_s = [], {}
+        for i, f in enumerate(live):
+            try:
+                if not attach_or_raise(f, f"src{i}"):
+                    continue  # gone meanwhile (a new run replacing its file)
+            except ResultsError as err:
+                raise ResultsDamaged(f"`{f}` is damaged or not a results file ({err.why}). To make it again, "
+                                     f"{fix(f)}.") from err
+            fresh.append(f"src{i}")
+            changed_s[f"src{i}"] = _changed_ns(f) / 1e9
+        _combine(con, index, fresh, changed_s)
+        try:
+            yield con
+        except duckdb.Error as err:  # a file whose header reads but whose data does not
+            names = ", ".join(f"`{f}`" for f in ([path] if index else []) + live)
+            raise ResultsDamaged(f"Reading {names} failed ({str(err).splitlines()[0]}). To make the index again, "
+                                 f"{fix(path)}; a per-run file: re-run its stage.") from err
+    finally:
+        con.close()
+
+
+def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
+    """Whether the attached catalog has a runs table with a row (a new file may have no table yet)."""
+    tables = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = 'runs'",
+                         [catalog]).fetchone()[0]
+    return bool(tables) and con.execute(f"SELECT count(*) FROM {catalog}.runs").fetchone()[0] > 0
+
+
+def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    df = con.execute(
+        "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
+        "r.status, r.experiment, r.changed, r.label AS method_label, "  # (the frame's `label`: the legend's)
+        "count(x.round) AS n_rounds, max(x.round) AS last_round, "
+        "sum(x.wall_s) AS wall_total, max(x.wall_s) AS wall_max, max(f.seen_s) AS seen_s "
+        "FROM runs r LEFT JOIN rounds x USING (run_id) LEFT JOIN file_seen f USING (run_id) "
+        "GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
+    df["params"] = [json.loads(p) if isinstance(p, str) else (p or {}) for p in df["params"]]
+    df["changed"] = [json.loads(c) if isinstance(c, str) else None for c in df["changed"]]
+    df["label"] = run_labels(df)
+    df["status_shown"] = shown_status(df)
+    for key, path in SETUP_KEYS.items():
+        df[key] = df["dataset"] if path is None else [_get(p, path) for p in df["params"]]
+    return df.drop(columns=["wall_total", "wall_max", "seen_s"])
+
+
+STALE_AFTER_S = 10 * 60  # a 'running' run with no round for this long (and 3x its slowest round) was likely killed
+
+
+def shown_status(runs: pd.DataFrame, now: datetime | None = None) -> list[str]:
+    """The status to show: 'running' becomes 'stale (no round for N min)' when the last round is old.
+    The last round is at least started_at + the rounds' wall_s (a resumed run: more), and at least
+    when its per-run file last changed (read from such a file)."""
+    now = now or datetime.now()  # started_at is local time (DuckDB's now() stored as TIMESTAMP)
+    out = []
+    for status, started, wall, slowest, seen in zip(runs["status"], runs["started_at"], runs["wall_total"],
+                                                    runs["wall_max"], runs["seen_s"]):
+        if status != "running" or pd.isna(started):
+            out.append(status)
+            continue
+        last = pd.Timestamp(started) + pd.Timedelta(seconds=0 if pd.isna(wall) else float(wall))
+        if not pd.isna(seen):
+            last = max(last, pd.Timestamp(datetime.fromtimestamp(seen)))
+        idle = (pd.Timestamp(now) - last).total_seconds()
+        stale = idle > max(STALE_AFTER_S, 3 * (0 if pd.isna(slowest) else slowest))
+        out.append(f"stale (no round for {int(idle // 60)} min)" if stale else status)
+    return out
+
+
+# What makes runs comparable: the dataset, the number of clients, the number of rounds.
+
+
+SETUP_KEYS = {"dataset": None, "partition.num_clients": ("partition", "num_clients"), "train.rounds": ("train", "rounds")}
+
+
+def _get(params: dict, path: tuple[str, ...]):
+    for key in path:
+        params = params.get(key) if isinstance(params, dict) else None
+    return params
+
+
+def run_labels(runs: pd.DataFrame) -> list[str]:
+    """Short unique names for legends: 'fedcache/homo d663c8', or with the DVC experiment the run
+    belongs to (a sweep's): 'fedcache/homo ablation_R-R-16'. The method part is what ran, the stored
+    label (issue 22: 'pdfl (order=body_then_head)/homo d663c8'), or the algorithm for a run from before
+    labels (method_label NULL or, in a frame built without it, absent)."""
+    none = [None] * len(runs)
+    experiments = runs["experiment"] if "experiment" in runs else none
+    methods = [m if isinstance(m, str) and m else a
+               for a, m in zip(runs["algorithm"], runs["method_label"] if "method_label" in runs else none)]
+    labels = [f"{m}/{s} {e if isinstance(e, str) and e else str(r)[-6:]}"
+              for m, s, r, e in zip(methods, runs["setting"], runs["run_id"], experiments)]
+    return [lab if labels.count(lab) == 1 else str(r) for lab, r in zip(labels, runs["run_id"])]
+
+
+def load_runs(path: Path, timeout_s: float = 2.0, runs_dir: Path | None = None,
+              notices: list[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """All runs (one row each, params parsed, with n_rounds/last_round and a legend label); see
+    connect_readonly for `notices`."""
+    with connect_readonly(path, timeout_s, runs_dir=runs_dir, notices=notices) as con:
+        return _runs_frame(con)
+
+
+ROUND_COLUMNS = ["run_id", "round", "mean_acc", "bytes_up", "bytes_down", "wall_s", "sim_time_s"]
+CLIENT_COLUMNS = ["run_id", "round", "client_id", "acc", "n_test", "val_acc", "n_val"]  # val: the validation split
+WAITING_COLUMNS = ["run_id", "busy_s", "client_s"]  # the waiting share's figures summed per run (docs/devices.md)
+METRIC_COLUMNS = ["run_id", "round", "name", "value"]
+# What FedCache's server records per evaluated round about its knowledge cache (pipeline/methods/fedcache):
+# the share of samples with a teacher, the mean age (rounds) of the knowledge teachers are built from, the
+# share of teachers whose argmax is the label, and their mean entropy (nats). The Cache tab draws them.
+CACHE_METRICS = ("cache_coverage", "cache_staleness", "cache_teacher_acc", "cache_teacher_entropy")
+
+
+@dataclass
+class Snapshot:
+    """Everything the live views show, read in one connection."""
+    runs: pd.DataFrame  # every run in the DB (see load_runs)
+    rounds: pd.DataFrame  # run_id, round, mean_acc, bytes_up, bytes_down, wall_s (selected runs)
+    clients: pd.DataFrame  # run_id, round, client_id, acc, n_test, val_acc, n_val
+    comm_rounds: pd.DataFrame  # run_id, round, direction, kind, bytes (summed over clients)
+    comm_clients: pd.DataFrame  # run_id, client_id, direction, kind, bytes (summed over rounds)
+    read_at: float = field(default_factory=time.time)
+    # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
+    ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
+    # and their clients' rows (as `clients`): the Ablations tab's intervals
+    ablation_clients: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CLIENT_COLUMNS))
+    # the selected runs' knowledge-cache metrics (CACHE_METRICS; run_id, round, name, value), and every run
+    # in the DB that has them, selected or not (the Cache tab names them when none selected has any)
+    metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
+    cache_runs: list[str] = field(default_factory=list)
+    # the selected runs' sim_busy_s / sim_client_s round metrics summed (timed runs only): the waiting share
+    waiting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=WAITING_COLUMNS))
+
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        """run_id -> label (a dict: the views look labels up hundreds of times a page)."""
+        return dict(zip(self.runs["run_id"], self.runs["label"]))
+
+    def label(self, run_id: str) -> str:
+        return self.labels.get(run_id, run_id)
+
+
+def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_dir: Path | None = None) -> Snapshot:
+    ids = list(dict.fromkeys(run_ids))
+    with connect_readonly(path, timeout_s, runs_dir=runs_dir) as con:
+        runs = _runs_frame(con)
+        q = ", ".join("?" * len(ids)) or "NULL"
+
+        def read(table: str, sql: str, columns: list[str]) -> pd.DataFrame:
+            if not ids:
+                return pd.DataFrame(columns=columns)
+            return con.execute(sql.format(q=q), ids).df()
+
+        rounds = read("rounds", "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds "
+                      "WHERE run_id IN ({q}) ORDER BY run_id, round", ROUND_COLUMNS)
+        swept = ablation_runs(runs)["run_id"].tolist()  # in the same read: one attach per refresh
+        ablation_rounds = con.execute(
+            "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds WHERE run_id IN "
+            f"({', '.join('?' * len(swept))}) ORDER BY run_id, round", swept).df() if swept else \
+            pd.DataFrame(columns=ROUND_COLUMNS)
+        ablation_clients = con.execute(
+            "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val FROM client_rounds WHERE run_id IN "
+            f"({', '.join('?' * len(swept))}) ORDER BY run_id, round, client_id", swept).df() if swept else \
+            pd.DataFrame(columns=CLIENT_COLUMNS)
+        clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val "
+                       "FROM client_rounds WHERE run_id IN ({q}) ORDER BY run_id, round, client_id", CLIENT_COLUMNS)
+        comm_rounds = read("comm", "SELECT run_id, round, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
+                           "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
+                           ["run_id", "round", "direction", "kind", "bytes"])
+        comm_clients = read("comm", "SELECT run_id, client_id, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
+                            "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
+                            ["run_id", "client_id", "direction", "kind", "bytes"])
+        names = ", ".join(f"'{n}'" for n in CACHE_METRICS)
+        metrics = read("round_metrics", f"SELECT run_id, round, name, value FROM round_metrics WHERE run_id IN ({{q}}) "
+                       f"AND name IN ({names}) ORDER BY run_id, round, name", METRIC_COLUMNS)
+        waiting = read("round_metrics", "SELECT run_id, sum(value) FILTER (WHERE name = 'sim_busy_s') AS busy_s, "
+                       "sum(value) FILTER (WHERE name = 'sim_client_s') AS client_s FROM round_metrics "
+                       "WHERE run_id IN ({q}) AND name IN ('sim_busy_s', 'sim_client_s') GROUP BY run_id",
+                       WAITING_COLUMNS)
+        cache_runs = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM round_metrics WHERE name = ?",
+                                                [CACHE_METRICS[0]]).fetchall()]
+    # keep the caller's run order in every frame (legends, table rows)
+    order = {r: i for i, r in enumerate(ids)}
+    frames = []
+    for df in (rounds, clients, comm_rounds, comm_clients, metrics):
+        df = df.sort_values("run_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
+        frames.append(df)
+    recorded = set(cache_runs)
+    return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, ablation_clients=ablation_clients,
+                    metrics=frames[4],
+                    cache_runs=[r for r in runs["run_id"] if r in recorded], waiting=waiting)  # oldest first
