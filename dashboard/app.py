@@ -27,9 +27,9 @@ from streamlit import config as st_config  # noqa: E402
 
 from dashboard import data, stages  # noqa: E402
 from dashboard.config import Config, load_config  # noqa: E402
-from dashboard.views import (  # noqa: E402
-    guarded, view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_overview, view_params,
-    view_partition)
+from dashboard.tabs import (  # noqa: E402
+    view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_params, view_partition)
+from dashboard.views import guarded, view_overview  # noqa: E402
 
 TABS = ["Accuracy & bytes", "Clients", "Communication", "Cache", "Ablations", "Partition", "Neighbours", "Params"]
 STATS_TABS = {"Clients", "Partition"}  # the tabs that read the partition's stats

@@ -907,12 +907,14 @@ def test_a_click_on_a_tab_writes_it_into_the_url_and_a_link_opens_it(app, sample
 
 def test_only_the_open_tab_runs(app, monkeypatch):
     """The other tabs' views do not run (nor read the partition's stats) until their tab is opened."""
-    from dashboard import stages, views
+    from dashboard import stages, tabs, views
 
     ran = []
-    for name in [n for n in dir(views) if n.startswith("view_")]:
-        real = getattr(views, name)
-        monkeypatch.setattr(views, name, lambda *a, _real=real, _name=name, **kw: ran.append(_name) or _real(*a, **kw))
+    for module in (views, tabs):
+        for name in [n for n in dir(module) if n.startswith("view_") and getattr(module, n).__module__ == module.__name__]:
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name,
+                                lambda *a, _real=real, _name=name, **kw: ran.append(_name) or _real(*a, **kw))
     real_stats = stages.load_stats
     monkeypatch.setattr(stages, "load_stats", lambda *a, **kw: ran.append("load_stats") or real_stats(*a, **kw))
     at = app()

@@ -13,7 +13,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data, sample_data, stages, views
+from dashboard import data, sample_data, stages, tabs, views
 from dashboard.config import Config
 from pipeline.data.partition import make_partition, partition_stats, write_stats
 from pipeline.results.store import ResultsDB
@@ -23,13 +23,13 @@ from pipeline.results.store import ResultsDB
 def drawn_mixes(monkeypatch):
     """The label mixes the partition view hands to its heatmap."""
     mixes = []
-    real = views.charts.label_heatmap
+    real = tabs.charts.label_heatmap
 
     def record(mix):
         mixes.append(mix)
         return real(mix)
 
-    monkeypatch.setattr(views.charts, "label_heatmap", record)
+    monkeypatch.setattr(tabs.charts, "label_heatmap", record)
     return mixes
 
 
@@ -49,7 +49,7 @@ def test_partition_view_reads_the_stats_it_was_not_given(tmp_path, synthetic_lab
     p = parse_params(default_params_raw).partition
     train_y, test_y = synthetic_labels
     write_stats(partition_stats(make_partition(train_y, test_y, 10, p, 0)), cfg.stats_path)
-    views.view_partition(cfg, None, {"data": {"dataset": "mnist"}})
+    tabs.view_partition(cfg, None, {"data": {"dataset": "mnist"}})
     assert len(drawn_mixes) == 1
     mix = drawn_mixes[0]
     assert len(mix) == 4 * 10 and mix["count"].sum() == 200
@@ -57,7 +57,7 @@ def test_partition_view_reads_the_stats_it_was_not_given(tmp_path, synthetic_lab
 
 def test_partition_view_without_stats_says_what_to_run(tmp_path, drawn_mixes):
     with pytest.raises(stages.InputMissing, match="dvc repro partition"):
-        views.view_partition(_config(tmp_path), None, {})
+        tabs.view_partition(_config(tmp_path), None, {})
     assert drawn_mixes == []
 
 
