@@ -172,3 +172,10 @@ def test_a_method_folder_holds_a_method_and_its_params(name):
 
     assert name in registry.names(), f"pipeline/methods/{name}/ lacks method.py or params.py"
     assert registry.params_class(name) and registry.method_class(name).name == name
+
+
+def test_no_dashboard_module_is_over_400_lines():
+    """The dashboard in small rooms (issue 37): one job per module, each a page or so a newcomer reads whole."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "dashboard").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these by job: {long}"
