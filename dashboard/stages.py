@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.data import datasets
 from pipeline import paths
+from pipeline.data import datasets
+from pipeline.data.partition import Partition
 
 CLASS_NAMES = {
     "fashion_mnist": datasets.FASHION_MNIST_CLASSES,
@@ -60,12 +61,11 @@ def label_mix(stats: dict, dataset: str | None = None) -> pd.DataFrame:
 
 
 def load_train_index(path: Path) -> np.ndarray:
-    """Dataset index of every global sample id (the `train_index` of pipeline.data.partition.Partition,
-    read with numpy alone: importing pipeline.data.partition would pull in torch, seconds of start-up)."""
+    """Dataset index of every global sample id (the `train_index` of pipeline.data.partition.Partition, read by
+    the pipeline's own loader, which loads no torch; a damaged file raises its InputFileError)."""
     if not Path(path).is_file():
         raise InputMissing(f"No partition at `{path}`: run the partition stage (`dvc repro partition`).")
-    with np.load(path) as z:
-        return z["train_index"]
+    return Partition.load(path).train_index
 
 
 # ----------------------------------------------------------------------------- knowledge cache

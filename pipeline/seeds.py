@@ -7,9 +7,12 @@ changing how one part draws random numbers never reshuffles another part.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch only where a torch generator is asked for: the data stages and the dashboard read
+    import torch  # this module (through pipeline.data.partition) without loading torch
 
 
 def seed_sequence(root_seed: int, name: str, *extra: int) -> np.random.SeedSequence:
@@ -22,5 +25,7 @@ def rng(root_seed: int, name: str, *extra: int) -> np.random.Generator:
 
 
 def torch_generator(root_seed: int, name: str, *extra: int) -> torch.Generator:
+    import torch
+
     seed = int(seed_sequence(root_seed, name, *extra).generate_state(1, np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(seed)

@@ -179,3 +179,13 @@ def test_no_dashboard_module_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "dashboard").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these by job: {long}"
+
+
+def test_the_dashboards_stage_facts_and_the_partition_load_no_torch():
+    """The dashboard reads the partition with the pipeline's own loader (pipeline.data.partition, which draws its
+    seeds from pipeline.seeds) instead of a copy of it: that code must stay torch-free (seconds of start-up)."""
+    code = ("import sys; import dashboard.stages, pipeline.data.partition, pipeline.seeds; "
+            "print([m for m in sys.modules if m.split('.')[0] == 'torch'][:3]); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, f"torch loaded: {out.stdout} {out.stderr[-500:]}"
