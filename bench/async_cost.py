@@ -26,7 +26,7 @@ import argparse
 import statistics
 import time
 
-from workspace import deep_merge, fresh_trainer, load_workspace, prepare_workspace
+from workspace import fresh_trainer, load_workspace, prepare_workspace
 
 METHODS = ("fedcache", "fedavg")
 SCHEDULES = ("sync", "async")

@@ -26,7 +26,6 @@ import os
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from workspace import ROOT, deep_merge, fresh_trainer, load_workspace, prepare_workspace
 

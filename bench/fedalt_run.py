@@ -51,14 +51,14 @@ def main() -> None:
           f"every {f.tau + 1} rounds), lambda {f.lambda_} ({f.distill}), T {f.T}, "
           f"batch {params.train.batch_size}, threads {params.train.threads}")
     extras: dict[str, float] = {}
-    evaluate = trainer.algorithm.evaluate
+    evaluate = trainer.server.evaluate
 
     def keep_extras(round_: int):  # the per-exit accuracies, as written to round_metrics
         rows, ex = evaluate(round_)
         extras.update(ex)
         return rows, ex
 
-    trainer.algorithm.evaluate = keep_extras
+    trainer.server.evaluate = keep_extras
     start = time.perf_counter()
     first = trainer.start()
     print("| round | block payloads down | mean acc (final) | exit 1 | exit 2 | global model | bytes up | bytes down "

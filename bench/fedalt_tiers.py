@@ -21,7 +21,7 @@ Variants (all on the multi-exit ResNet-20 except the last):
   lambda 0                FedAlt without self-distillation;
   one-way SD              FedAlt with one-way distillation (exits learn from the final output only);
   SD warm-up 5            FedAlt with lambda ramped over the first 5 rounds;
-  local, multi-exit       no exchange at all (a Method that sends nothing), same model and loss;
+  local, multi-exit       no exchange at all (a Server that sends nothing), same model and loss;
   local, ResNet-8         the pipeline's `local` method (train.model), the usual reference.
 """
 
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
 from workspace import ROOT, load_workspace, prepare_workspace
 
@@ -89,14 +88,14 @@ def run_variant(base, part, ds, variant: str, spec, index: int) -> dict:
         params, cls = base.model_copy(update={"fedalt": base.fedalt.model_copy(update=spec)}), REGISTRY["fedalt"]
     trainer = trainer_for(params, cls, part, ds, f"variant-{index}")
     extras: list[dict] = []
-    evaluate = trainer.algorithm.evaluate
+    evaluate = trainer.server.evaluate
 
     def keep_extras(round_: int):
         rows, ex = evaluate(round_)
         extras.append(ex)
         return rows, ex
 
-    trainer.algorithm.evaluate = keep_extras
+    trainer.server.evaluate = keep_extras
     start = time.perf_counter()
     summary = trainer.run()
     out = {k: summary[k] for k in ("maua", "final_acc", "bytes_total", "bytes_up", "bytes_down")}

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.data.datasets import ImageDataset, load_dataset  # noqa: E402
 from pipeline.data.partition import Partition, make_partition  # noqa: E402
 from pipeline.federation.clients import build_clients  # noqa: E402
-from pipeline.federation.contract import Method, ServerContext  # noqa: E402
+from pipeline.federation.contract import Server, ServerContext  # noqa: E402
 from pipeline.methods.fedcache.method import FedCache  # noqa: E402
 from pipeline.train.engine import Simulation, Timer  # noqa: E402
 from pipeline.train.executors import SequentialExecutor  # noqa: E402
@@ -109,7 +109,7 @@ def partition_and_clients(setting: str, device: str, synthetic: bool, seed: int,
     return ds, part, clients, ctx
 
 
-def simulation(method_cls: type[Method], setting: str, params, device: str, synthetic: bool, seed: int = 0
+def simulation(method_cls: type[Server], setting: str, params, device: str, synthetic: bool, seed: int = 0
                ) -> tuple[Simulation, Partition]:
     """The library's Simulation of a method over the setting (sequential executor: set `.executor` to change it)."""
     ds, part, clients, ctx = partition_and_clients(setting, device, synthetic, seed, params)

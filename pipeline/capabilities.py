@@ -41,7 +41,7 @@ class Only:
 Condition = bool | Never | Only
 
 # a method has an asynchronous form only when it says so: its server half must take one upload at a time
-# (`Method.arrive`) and make one client's download from whatever it holds at that instant
+# (`Server.arrive`) and make one client's download from whatever it holds at that instant
 ROUNDS_ONLY = Never("its server half is written for rounds (a round's uploads folded together); its asynchronous "
                     "form is not done")
 

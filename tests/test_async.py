@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -296,9 +295,9 @@ def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace
     resumed.finish()
     assert _events("resumed") == _events("straight")
     assert _rows("resumed") == _rows("straight")
-    for n, t in straight.algorithm.global_state.items():
-        assert torch.equal(resumed.algorithm.global_state[n], t), n
-    assert resumed.algorithm.version == straight.algorithm.version > 0
+    for n, t in straight.server.global_state.items():
+        assert torch.equal(resumed.server.global_state[n], t), n
+    assert resumed.server.version == straight.server.version > 0
 
 
 def test_a_resumed_async_run_with_lost_updates_in_flight_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist,

@@ -174,7 +174,7 @@ def test_async_fedcache_reads_the_cache_at_a_clients_start_and_writes_it_at_its_
     trainer.run()
     events = _events("async-cache")
     relations = np.load(paths.RELATIONS).tolist()
-    ids_of = trainer.algorithm.ctx.client_sample_ids
+    ids_of = trainer.server.ctx.client_sample_ids
     assert all(part.train_client()[j] != part.train_client()[i] for i in range(part.num_train) for j in relations[i])
     overlapping = _replay(events, downloads, arrivals, relations, ids_of, part.num_classes)
     assert overlapping >= 3  # the case that tells a write at arrival from one at training
@@ -198,7 +198,7 @@ def test_async_cache_staleness_counts_spans_since_each_neighbours_upload_arrived
     metrics = _cache_metrics("async-stale")
     T, C = params.fedcache.T, part.num_classes
     expected = {}
-    _replay(events, downloads, arrivals, relations, trainer.algorithm.ctx.client_sample_ids, C,
+    _replay(events, downloads, arrivals, relations, trainer.server.ctx.client_sample_ids, C,
             on_span_end=lambda span, latest: expected.__setitem__(span, _stats(relations, latest, span,
                                                                                part.train_labels, T, C)))
     assert sorted(metrics) == list(range(9)) and metrics[0] == {"cache_coverage": 0.0}

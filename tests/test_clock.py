@@ -239,9 +239,9 @@ def test_a_deadline_drops_the_clients_that_miss_it_from_the_round(tiny_workspace
             assert (k, "down", "knowledge") in sent  # everyone selected downloaded
             assert ((k, "up", "logits") in sent) == (k != slow)  # the slow one's upload never went
     # the server never folded the slow client's logits in; the others' in round 2
-    ids = trainer.algorithm.ctx.client_sample_ids
-    assert (trainer.algorithm.cache.updated_in[ids(slow)] == -1).all()
-    assert all((trainer.algorithm.cache.updated_in[ids(k)] == 2).all() for k in range(3) if k != slow)
+    ids = trainer.server.ctx.client_sample_ids
+    assert (trainer.server.cache.updated_in[ids(slow)] == -1).all()
+    assert all((trainer.server.cache.updated_in[ids(k)] == 2).all() for k in range(3) if k != slow)
     # a round lasts the deadline: the median of the three clients' times, the middle client's own
     plan = trainer.sim.last_plan
     assert plan.dropped == {slow: "deadline"}
@@ -299,7 +299,7 @@ def test_a_client_whose_connection_drops_mid_download_neither_receives_it_nor_tr
     trainer = _trainer(params, part, mnist, "cut", "fedavg")
     trainer.start()
     t0, clock = trainer.sim.clock.now, trainer.sim.clock
-    download_s = state_bytes(trainer.algorithm.global_state) / clock.devices[1].down_bytes_per_s
+    download_s = state_bytes(trainer.server.global_state) / clock.devices[1].down_bytes_per_s
     going_offline(trainer, 1, t0 + download_s / 2, t0 + 1e6)
     before = {n: t.clone() for n, t in trainer.clients[1].model.state_dict().items()}
     trainer.run_round(1)
@@ -334,7 +334,7 @@ def test_pdfl_times_the_peer_copies_its_clients_train(tiny_workspace, mnist, tmp
 
 def _server_flops(trainer: Trainer, method: str, selected: list[int]) -> float:
     """The server's FLOPs in round 1, by docs/devices.md's formulas, from the run's sizes."""
-    server, ctx = trainer.algorithm, trainer.algorithm.ctx
+    server, ctx = trainer.server, trainer.server.ctx
     n = sum(len(ctx.client_sample_ids(k)) for k in selected)
     C, K = ctx.num_classes, ctx.num_clients
     if method == "fedavg":  # the sample-weighted mean: a multiply and an add per uploaded number

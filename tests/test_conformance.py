@@ -10,7 +10,7 @@ the method allows it, heterogeneous models:
   - a run resumed from a checkpoint taken after round 1 ends exactly where an uninterrupted run does;
   - the server half holds no client, model, optimizer or client tensor (the boundary: what it
     knows of a client came as a payload);
-  - every row of its byte ledger weighs what its declared formula (`Method.wire`) says;
+  - every row of its byte ledger weighs what its declared formula (`Server.wire`) says;
   - every key of its params section refuses a value of the wrong type, and an unknown key, naming
     the key in the error;
   - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15
@@ -127,7 +127,7 @@ def _assert_server_holds_no_client_object(trainer: Trainer) -> None:
         owned |= {id(c.model): f"client {c.id}'s model", id(c.optimizer): f"client {c.id}'s optimizer",
                   id(c.x_train): f"client {c.id}'s samples", id(c.state): f"client {c.id}'s state"}
         owned |= {id(t): f"client {c.id}'s {n}" for n, t in c.model.state_dict(keep_vars=True).items()}
-    server = trainer.algorithm
+    server = trainer.server
     params = {id(server.ctx.params)}  # shared config, not client state
     for obj in _reachable(server, params):
         assert id(obj) not in owned, f"{server.name}'s server half holds {owned[id(obj)]}"
@@ -135,7 +135,7 @@ def _assert_server_holds_no_client_object(trainer: Trainer) -> None:
 
 def _assert_ledger_follows_the_declared_formula(trainer: Trainer) -> None:
     """Every ledger row (round, client, direction, kind) weighs what the method's `wire` declares."""
-    server, ledger = trainer.algorithm, trainer.ledger
+    server, ledger = trainer.server, trainer.ledger
     wires = {c.id: server.wire(c.id) for c in trainer.clients}
     rows = [row for r in sorted(ledger.counts) for row in ledger.rows(r)]
     for r, k, direction, kind, size, _ in rows:
@@ -179,10 +179,10 @@ def test_the_boundary_check_sees_a_server_that_keeps_a_client_object(tiny_worksp
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "local", "leak")
     _assert_server_holds_no_client_object(trainer)
-    trainer.algorithm.kept = {"rows": [trainer.clients[1].optimizer]}  # what a careless server half might keep
+    trainer.server.kept = {"rows": [trainer.clients[1].optimizer]}  # what a careless server half might keep
     with pytest.raises(AssertionError, match="client 1's optimizer"):
         _assert_server_holds_no_client_object(trainer)
-    trainer.algorithm.kept = [next(trainer.clients[2].model.parameters())]
+    trainer.server.kept = [next(trainer.clients[2].model.parameters())]
     with pytest.raises(AssertionError, match="client 2's stem"):
         _assert_server_holds_no_client_object(trainer)
 

@@ -13,7 +13,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data, sample_data, stages, tabs, views
+from dashboard import data, sample_data, stages, tabs
 from dashboard.config import Config
 from pipeline.data.partition import make_partition, partition_stats, write_stats
 from pipeline.results.store import ResultsDB

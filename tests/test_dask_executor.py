@@ -235,7 +235,7 @@ def test_a_failing_round_stops_the_local_cluster(tiny_workspace, mnist, prefect_
     trainer.executor.start()
     workers = list(trainer.executor._runner.client.run(os.getpid).values())
     assert len(workers) == 1 and os.getpid() not in workers  # a worker process, not a thread of this one
-    trainer.algorithm.configure = lambda round_, selected: {k: [] for k in selected}  # FedAvg's client needs its params
+    trainer.server.configure = lambda round_, selected: {k: [] for k in selected}  # FedAvg's client needs its params
     with pytest.raises(ValueError, match="not enough values to unpack"):
         trainer.run()
 

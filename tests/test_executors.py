@@ -76,7 +76,7 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, small_mnist):
     assert abs(acc_live - acc_step) < GAP_BOUND
     # the same exchange happened: every sample's logits went up once per round, its teachers came down
     assert live.ledger.total() == step.ledger.total()
-    assert (step.algorithm.cache.updated_in == 8).all()
+    assert (step.server.cache.updated_in == 8).all()
 
 
 def test_grouped_evaluation_equals_one_client_after_another(mnist, float64):

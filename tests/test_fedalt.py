@@ -241,14 +241,14 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     trainer = _trainer(params, part, mnist)
     assert all(isinstance(c.model, MultiExitResNet) for c in trainer.clients)
     assert all(c.optimizer.param_groups[0]["params"][0] is next(c.model.parameters()) for c in trainer.clients)
-    sent = {(r, k): trainer.algorithm.blocks_sent(r, k) for r in (1, 2) for k in range(3)}
+    sent = {(r, k): trainer.server.blocks_sent(r, k) for r in (1, 2) for k in range(3)}
     assert all(sent[1, k] < NUM_BLOCKS for k in range(3)) and all(sent[2, k] == NUM_BLOCKS for k in range(3))
     trainer.start()
     for r in (1, 2):
         trainer.run_round(r)
         # every client uploaded every block, so each block is the sample-weighted mean of all clients' blocks,
         # also blocks 2 and 3 after the partial round, which no (or not every) client received
-        glob, mean = trainer.algorithm.global_state, _weighted_mean_of_clients(trainer)
+        glob, mean = trainer.server.global_state, _weighted_mean_of_clients(trainer)
         assert glob.keys() == mean.keys()
         for n, t in glob.items():
             if t.is_floating_point():
@@ -278,7 +278,7 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global", "val_acc"}
     # acc_global: the global model (final exit) on every client's test split, the mean over clients
     model = copy.deepcopy(trainer.clients[0].model)
-    model.load_state_dict(trainer.algorithm.global_state)
+    model.load_state_dict(trainer.server.global_state)
     accs = [evaluate_model(model, c.x_test, c.y_test, 512)[0] for c in trainer.clients]
     assert extras[2, "acc_global"] == pytest.approx(sum(accs) / 3)
     personal = [evaluate_model(c.model, c.x_test, c.y_test, 512)[0] for c in trainer.clients]
@@ -295,8 +295,8 @@ def test_resume_continues_exactly(tiny_workspace, mnist):
     resumed = _trainer(params, part, mnist)
     assert resumed.start() == 2
     resumed.run_round(2)
-    for n, t in straight.algorithm.global_state.items():
-        assert torch.equal(t, resumed.algorithm.global_state[n]), n
+    for n, t in straight.server.global_state.items():
+        assert torch.equal(t, resumed.server.global_state[n]), n
     for a, b in zip(straight.clients, resumed.clients):
         for (n, t), u in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(t, u), n

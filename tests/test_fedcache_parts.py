@@ -233,7 +233,7 @@ def test_a_fedcache_run_records_the_cache_stats_each_round(tiny_workspace, mnist
         assert metrics[r] == {k: pytest.approx(v, rel=1e-12, abs=1e-15) for k, v in expected.items()}, r
     assert metrics[2]["cache_staleness"] > 0 and metrics[3]["cache_staleness"] > metrics[2]["cache_staleness"]
     # the teacher accuracy is the clients' teachers (fetch) against the labels of the set-up upload
-    server = trainer.algorithm
+    server = trainer.server
     server.cache.begin_round()  # fetch() under `round` reads the snapshot: take it of the final cache
     teachers = server.cache.fetch(torch.arange(part.num_train))
     labels = torch.from_numpy(part.train_labels)

@@ -166,7 +166,7 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
     if hetero:  # A1/A2/A3 by client index: ResNet-8/16/20 share the 64-dim feature space
         assert [len(c.model.stages[0]) for c in trainer.clients] == [1, 2, 3]
     summary = trainer.run()
-    algo = trainer.algorithm
+    algo = trainer.server
     D, K = 64, part.num_clients
     held = [np.unique(part.train_labels[part.train_offsets[k]:part.train_offsets[k + 1]]) for k in range(K)]
     c_global = len(np.unique(np.concatenate(held)))

@@ -82,7 +82,7 @@ def test_features_go_up_and_the_server_models_logits_come_down(name, tiny_worksp
     assert accs[0] == pytest.approx(initial, rel=1e-12) and accs[-1] == pytest.approx(
         mean_accuracy_by_hand(trainer.clients, params.train.eval_batch_size), rel=1e-12)
     # the knowledge sent back is A4^S's logits for each client's own samples
-    assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
+    assert {k: v.shape for k, v in trainer.server.knowledge.items()} == {k: (n[k], C) for k in n}
 
 
 def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
@@ -100,7 +100,7 @@ def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
     up = sum(n[k] * (16 * H * W * 4 + C * 4 + 8) for k in n)  # features, logits (float32), labels (int64)
     down = sum(n[k] * C * 4 for k in n)  # the server's logits, in round 2 only
     assert (summary["bytes_up"], summary["bytes_down"], summary["bytes_total"]) == (2 * up, down, 2 * up + down)
-    assert {k: v.shape for k, v in trainer.algorithm.knowledge.items()} == {k: (n[k], C) for k in n}
+    assert {k: v.shape for k, v in trainer.server.knowledge.items()} == {k: (n[k], C) for k in n}
 
 
 def _official_kl(student, teacher, T):
@@ -139,7 +139,7 @@ def test_fedict_client_term_is_the_official_fpkd(tiny_workspace, mnist):
 def test_fedict_server_is_the_official_lka_sim(tiny_workspace, mnist):
     """LKA_sim per row: (cos(d_k, d) + 1) * KL, beside beta * CE (the official server's loss_kd + alpha * CE)."""
     _, params, part = tiny_workspace
-    method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).algorithm.ctx)
+    method = REGISTRY["fedict"](_trainer("fedict", params, part, mnist).server.ctx)
     assert method.ce_weight == params.fedict.beta == 1.5
     uploads = {0: {"labels": torch.tensor([0, 0, 1, 1])}, 1: {"labels": torch.tensor([0, 0, 0, 0])},
                2: {"labels": torch.tensor([0, 1, 1, 1])}}
@@ -163,7 +163,7 @@ def test_feddkc_server_term_is_the_official_dkc_kl(tiny_workspace, mnist):
     """The official DKC_KL_Loss: the client's logits divided by S = 0.05, softmax at T = 3, KKR to 0.12,
     then T^2 KL toward the server model's softened output; CE weighs beta on the server."""
     _, params, part = tiny_workspace
-    method = REGISTRY["feddkc"](_trainer("feddkc", params, part, mnist).algorithm.ctx)
+    method = REGISTRY["feddkc"](_trainer("feddkc", params, part, mnist).server.ctx)
     assert method.ce_weight == params.feddkc.beta == 1.5
     torch.manual_seed(2)
     out, logits = torch.randn(3, 10, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64) * 0.1

@@ -125,8 +125,8 @@ EXECUTORS = ["pipeline.train.executors", "pipeline.train.dask_executor", "models
 
 @pytest.mark.parametrize("module", EXECUTORS)
 def test_executors_never_see_the_server_half(module):
-    """An executor gets the client half, the clients and the per-step hook: it cannot import `Method`."""
-    assert "Method" not in _names_from(MODULES[module], "pipeline.federation.contract")
+    """An executor gets the client half, the clients and the per-step hook: it cannot import `Server`."""
+    assert "Server" not in _names_from(MODULES[module], "pipeline.federation.contract")
 
 
 def _imports_torch(path: Path) -> bool:
@@ -161,7 +161,7 @@ def test_the_checks_can_fail():
     tree = ast.parse("from pipeline.train.engine import Trainer")
     assert {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names} == {"Trainer"}
     assert _resolve("pipeline.train.engine.Trainer") == "pipeline.train.engine"
-    assert "Method" in _names_from(MODULES["pipeline.train.engine"], "pipeline.federation.contract")
+    assert "Server" in _names_from(MODULES["pipeline.train.engine"], "pipeline.federation.contract")
     assert _method_of("pipeline.methods.fedcache.knowledge") == "fedcache" and _method_of("pipeline.methods.gkt") is None
 
 

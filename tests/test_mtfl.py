@@ -58,7 +58,7 @@ def test_the_round_figure_reads_the_global_shared_layers_with_the_clients_own_ba
     trainer.start()
     trainer.run_round(1)
     rows, extras = trainer.sim.evaluate(1)
-    server, bs = trainer.algorithm, params.train.eval_batch_size
+    server, bs = trainer.server, params.train.eval_batch_size
     assert not set(server.global_state) & server.private  # no BatchNorm tensor is global
     for (k, acc, n), client in zip(rows, trainer.clients):
         by_hand = build_model(params.train.model, 1, part.num_classes)
@@ -97,9 +97,9 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     # models': seeds 0-2 gave 0.109 -> 0.317, 0.104 -> 0.336, 0.099 -> 0.252
     assert summary["maua"] > max(0.2, accs[0] + 0.1), accs
     # the server's shared tensors are the sample-weighted mean of what the clients uploaded last
-    expected = weighted_average([shared_state(c.model, trainer.algorithm.private) for c in trainer.clients],
+    expected = weighted_average([shared_state(c.model, trainer.server.private) for c in trainer.clients],
                                 [float(c.num_train) for c in trainer.clients])
-    for name, t in trainer.algorithm.global_state.items():
+    for name, t in trainer.server.global_state.items():
         assert torch.allclose(t.float(), expected[name].float(), atol=1e-6), name
 
 
@@ -116,7 +116,7 @@ def test_the_download_the_last_evaluation_reads_is_counted_in_the_last_round(tin
                       RunResultsDB(paths.run_results("mtfl")), [paths.PARTITION])
     summary = trainer.run()
     last, K = params.train.rounds, len(trainer.clients)
-    shared_bytes = state_bytes(trainer.algorithm.global_state)
+    shared_bytes = state_bytes(trainer.server.global_state)
     final = {(k, b) for _, k, d, kind, b, _ in trainer.ledger.rows(last) if kind == "final_params"}
     before = reading == "before_local"
     assert final == ({(k, shared_bytes) for k in range(K)} if before else set())

@@ -313,8 +313,8 @@ def test_bytes_per_directed_edge_with_feedback_delivered_next_round(tiny_workspa
     trainer.start()
     start = [model_state(c.model) for c in trainer.clients]  # what travels in round 1
     trainer.run_round(1)
-    top = {i: nbrs[int(torch.tensor(w).argmax())] for i, (nbrs, w) in trainer.algorithm.last_weights.items()}
-    pending = trainer.algorithm.feedback
+    top = {i: nbrs[int(torch.tensor(w).argmax())] for i, (nbrs, w) in trainer.server.last_weights.items()}
+    pending = trainer.server.feedback
     assert {(i, j) for j, by in pending.items() for i in by} == {(i, j) for i, j in top.items()}
     for j, by in pending.items():
         for i, state in by.items():  # i optimised j's round-1 copy: it differs from what i received
@@ -356,8 +356,8 @@ def test_the_body_phase_teacher_is_the_mean_of_the_delivered_feedback_copies(tin
     trainer = _trainer(_params(params), part, mnist)
     trainer.start()
     trainer.run_round(1)
-    delivered = {j: dict(by) for j, by in trainer.algorithm.feedback.items()}
-    downloads = trainer.algorithm.configure(2, [0, 1, 2])
+    delivered = {j: dict(by) for j, by in trainer.server.feedback.items()}
+    downloads = trainer.server.configure(2, [0, 1, 2])
     client = trainer.clients[0]
     targets = trainer.sim.local.begin(client, downloads[0], 2)
     T = params.pdfl.T
@@ -375,7 +375,7 @@ def test_no_feedback_without_external_kd(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params, external_kd=False), part, mnist)
     summary = trainer.run()
-    assert trainer.algorithm.feedback == {}
+    assert trainer.server.feedback == {}
     kinds = {k for (k,) in _query("SELECT DISTINCT kind FROM comm WHERE run_id = ?", summary["run_id"])}
     assert kinds == {"model", "knowledge"}
 
@@ -405,7 +405,7 @@ def test_attention_weights_and_teacher_diagnostics_are_round_metrics(tiny_worksp
     sent = {1: [model_state(c.model) for c in trainer.clients]}  # round r's neighbours send their round-start model
     trainer.run_round(1)
     sent[2] = [model_state(c.model) for c in trainer.clients]
-    feedback = {j: dict(by) for j, by in trainer.algorithm.feedback.items()}  # delivered in round 2
+    feedback = {j: dict(by) for j, by in trainer.server.feedback.items()}  # delivered in round 2
     trainer.run_round(2)
     summary = trainer.finish()
     extras = _query("SELECT round, name, value FROM round_metrics WHERE run_id = ? ORDER BY ALL", summary["run_id"])
@@ -439,7 +439,7 @@ def test_attention_weights_and_teacher_diagnostics_are_round_metrics(tiny_worksp
         assert dict((n, v) for rr, n, v in extras if rr == r)["attention_max"] == pytest.approx(sum(best) / 3)
     # the last round's metrics are the weights the clients used
     last = {n: v for rr, n, v in extras if rr == 2}
-    for i, (nbrs, w) in trainer.algorithm.last_weights.items():
+    for i, (nbrs, w) in trainer.server.last_weights.items():
         assert [last[f"attn:{i}<-{j}"] for j in nbrs] == pytest.approx(w)
 
 
@@ -457,7 +457,7 @@ def test_switches_run(tiny_workspace, mnist, switch):
     assert summary["final_acc"] == pytest.approx(
         mean_accuracy_by_hand(trainer.clients, params.train.eval_batch_size), rel=1e-12)
     assert all(not torch.equal(h, c.model.head.weight) for h, c in zip(heads_before, trainer.clients))
-    weights = trainer.algorithm.last_weights
+    weights = trainer.server.last_weights
     assert sorted(weights) == [0, 1, 2]
     for i, (nbrs, w) in weights.items():
         assert sorted(nbrs) == sorted({0, 1, 2} - {i}) and sum(w) == pytest.approx(1.0)
@@ -476,8 +476,8 @@ def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace
     for c, s in zip(trainer.clients, initial):
         assert all(torch.equal(s[n], t) for n, t in c.model.state_dict().items())
     assert not torch.equal(initial[0]["stem.0.weight"], initial[1]["stem.0.weight"])  # no common body
-    assert (trainer.algorithm.counts.sum(1) == torch.from_numpy(np.diff(part.train_offsets))).all()
-    assert torch.allclose(trainer.algorithm.soft.sum(2)[trainer.algorithm.counts > 0], torch.tensor(1.0))
+    assert (trainer.server.counts.sum(1) == torch.from_numpy(np.diff(part.train_offsets))).all()
+    assert torch.allclose(trainer.server.soft.sum(2)[trainer.server.counts > 0], torch.tensor(1.0))
     assert trainer.ledger.total() == 0
     trainer.run_round(1)
     saved = torch.load(paths.CHECKPOINTS / "pdfl.pt", weights_only=True)
@@ -495,20 +495,20 @@ def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
     reference.run_round(1)
     reference.run_round(2)  # checkpointed: a copy of it is what a process killed now leaves
     shutil.copy(paths.CHECKPOINTS / "reference.pt", paths.CHECKPOINTS / "pdfl.pt")
-    feedback_after_2 = set(reference.algorithm.feedback)
+    feedback_after_2 = set(reference.server.feedback)
     reference.run_round(3)
     resumed = _trainer(p, part, mnist)
     assert resumed.start() == 3
-    assert resumed.algorithm.topology.history.keys() == {1, 2}
-    assert set(resumed.algorithm.feedback) == feedback_after_2
+    assert resumed.server.topology.history.keys() == {1, 2}
+    assert set(resumed.server.feedback) == feedback_after_2
     resumed.run_round(3)
     for a, b in zip(reference.clients, resumed.clients):
         for (n, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
             assert torch.equal(x, y), n
         assert torch.equal(a.state["attn_wq"], b.state["attn_wq"])
-    assert torch.equal(reference.algorithm.soft, resumed.algorithm.soft)
+    assert torch.equal(reference.server.soft, resumed.server.soft)
     assert reference.ledger.state_dict() == resumed.ledger.state_dict()
-    assert reference.algorithm.topology.to_json() == resumed.algorithm.topology.to_json()
+    assert reference.server.topology.to_json() == resumed.server.topology.to_json()
 
 
 def test_heterogeneous_models_are_refused():

@@ -94,8 +94,8 @@ def test_a_quorum_round_keeps_the_first_uploads_and_drops_the_rest(tiny_workspac
         for k in range(part.num_clients):
             assert (k, "down", "knowledge") in sent
             assert ((k, "up", "logits") in sent) == (k != slow)
-    ids = trainer.algorithm.ctx.client_sample_ids
-    assert (trainer.algorithm.cache.updated_in[ids(slow)] == -1).all()
+    ids = trainer.server.ctx.client_sample_ids
+    assert (trainer.server.cache.updated_in[ids(slow)] == -1).all()
     plan = trainer.sim.last_plan
     assert plan.dropped == {slow: "deadline"} and sorted(plan.kept) == sorted(k for k in range(3) if k != slow)
     second = sorted(t.duration for t in plan.times.values())[1]

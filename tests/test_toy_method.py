@@ -36,7 +36,7 @@ METHOD_PY = '''
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Method, Upload, Wire
+from pipeline.federation.contract import LocalUpdate, Server, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -55,7 +55,7 @@ class ToyClient(LocalUpdate):
         return Upload([Payload("counts", {"counts": counts})])
 
 
-class Toy(Method):
+class Toy(Server):
     name = "toy"
     client_cls = ToyClient
 

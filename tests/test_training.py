@@ -9,7 +9,6 @@ import torch
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.index import store
-from pipeline.data.datasets import load_dataset
 from pipeline.train.engine import Trainer
 from pipeline.results.store import ResultsDB, RunResultsDB
 
@@ -74,7 +73,7 @@ def test_knowledge_is_persisted_each_round(tiny_workspace, mnist):
     trainer, _ = _run(params, part, "fedcache", mnist)
     logits, rounds = store.read_knowledge(paths.run_dir("fedcache") / "cache.db")
     assert (rounds == 2).all()  # every sample uploaded in the last round
-    np.testing.assert_allclose(logits, trainer.algorithm.cache.logits.numpy())
+    np.testing.assert_allclose(logits, trainer.server.cache.logits.numpy())
     # the index stage's DB is left untouched
     _, source_rounds = store.read_knowledge(params.cache_db_path)
     assert (source_rounds == -1).all()

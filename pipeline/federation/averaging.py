@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import Method, ServerContext, Wire, state_bytes
+from pipeline.federation.contract import Server, ServerContext, Wire, state_bytes
 from pipeline.federation.ledger import Payload
 
 
@@ -54,7 +54,7 @@ def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().cpu().clone() for n, t in model.state_dict().items()}
 
 
-class ParameterAveraging(Method):
+class ParameterAveraging(Server):
     """The server half of the parameter-averaging methods (FedAvg, MTFL, pFedMe): one global state
     sent to every selected client, replaced by the sample-weighted mean of what they upload."""
 

@@ -14,9 +14,9 @@ A selected client's round, from the instant the round starts (docs/devices.md):
   upload_s    the bytes of its end-of-round upload / its uplink.
 
 Its upload completes at start + the sum of the four. After the last round, what a method sends every client
-for the last evaluation (`Method.final_downloads`, MTFL's before_local) arrives over each client's downlink
+for the last evaluation (`Server.final_downloads`, MTFL's before_local) arrives over each client's downlink
 from the round's end, paused while it is offline (`Clock.deliver`). The server's compute of a round (the FLOPs
-its method counts, `Method.count_work`) is timed after the round's last upload at `devices.server_samples_per_s`
+its method counts, `Server.count_work`) is timed after the round's last upload at `devices.server_samples_per_s`
 (`Clock.serve`; null: no time). Evaluation takes no simulated time; neither does a method's client work outside
 its phases other than extra_samples (pDFL's attention fitting and neighbours' forward passes).
 

@@ -2,7 +2,7 @@
 
 A method is two halves that talk only through payloads (pipeline/federation/ledger.py):
 
-  server half (`Method`): turns the round-start state into one download per selected client
+  server half (`Server`): turns the round-start state into one download per selected client
       (`configure`) and folds the clients' uploads back into its state (`aggregate`). It gets a
       `ServerContext`: params, the data layout and a folder, never a client, model or optimizer.
       What it learns about a client arrives as an upload (set-up, round or per-step);
@@ -17,7 +17,7 @@ The engine owns the boundary: it records every payload in the byte ledger there,
 never calls the ledger itself. FedCache's per-batch exchange (`live` / `step` consistency) is
 the one sanctioned exception to "download, train, upload": a per-step hook (`exchange`) the
 executor calls with the step's uploads; the engine's ledger counts those payloads as well.
-Evaluation inputs (`Method.evaluation`, e.g. FedAvg's global model) are a measurement of the
+Evaluation inputs (`Server.evaluation`, e.g. FedAvg's global model) are a measurement of the
 simulation, not traffic of the method, so they are not counted.
 
 Each method declares itself once, here: its name (also its params.yaml section) and the input
@@ -196,12 +196,12 @@ class LocalUpdate:
         return {client.id: self.end(client, targets, records, round_) for client, targets, records in finished}
 
     def evaluate(self, client: Client, download: list[Payload]) -> Evaluation:
-        """The client's accuracies on its own test split; `download` is `Method.evaluation`'s."""
+        """The client's accuracies on its own test split; `download` is `Server.evaluation`'s."""
         acc, n = evaluate_model(client.model, client.x_test, client.y_test, self.params.train.eval_batch_size)
         return Evaluation(n, {"acc": acc})
 
 
-class Method:
+class Server:
     """The server half, plus the method's declaration."""
 
     name = "base"  # its folder, pipeline/methods/<name>/, and its params.yaml section

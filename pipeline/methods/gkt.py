@@ -30,7 +30,7 @@ import torch
 from models.server import build_server_model
 from pipeline.federation.clients import Client
 from pipeline.federation.clock import forward_flops
-from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
+from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 from pipeline.seeds import torch_generator
@@ -83,7 +83,7 @@ class GKTClient(LocalUpdate):
                                             "labels": client.y_train.cpu().long()})])
 
 
-class GKTServer(Method):
+class GKTServer(Server):
     """The server half: train A4^S on the round's uploads and keep its logits as the next download."""
 
     def __init__(self, ctx: ServerContext, server_model: str, epochs: int, batch_size: int | None,

@@ -5,7 +5,7 @@ here imports torch until a method's class is asked for: `names()` and `params_cl
 pipeline/method_catalog.py's (the folders; a method's params.py, pydantic), which the params schema
 and the data stages read without this module.
 
-    method.py   one `Method` subclass (the server half, with its `client_cls`) whose `name` is the folder's
+    method.py   one `Server` subclass (the server half, with its `client_cls`) whose `name` is the folder's
     params.py   one `MethodParams` subclass: the method's params.yaml section
 """
 
@@ -19,27 +19,27 @@ from typing import TYPE_CHECKING
 from pipeline import method_catalog
 
 if TYPE_CHECKING:
-    from pipeline.federation.contract import Method
+    from pipeline.federation.contract import Server
 
 # which methods exist and their params classes: the catalog (no method code; the data stages read it)
 names, params_class, METHODS_DIR = method_catalog.names, method_catalog.params_class, method_catalog.METHODS_DIR
 
 
 @cache
-def method_class(name: str) -> type[Method]:
+def method_class(name: str) -> type[Server]:
     """The method's server half, from pipeline/methods/<name>/method.py (imports torch)."""
     method_catalog.check_name(name)
-    # a Method subclass (pipeline/federation/contract.py) names itself; told by its declaration, so
+    # a Server subclass (pipeline/federation/contract.py) names itself; told by its declaration, so
     # the registry stays free of the training code the data stages never run
     return method_catalog.only_class(importlib.import_module(f"pipeline.methods.{name}.method"),
                                      lambda c: getattr(c, "name", None) == name and hasattr(c, "client_cls"),
-                                     f"Method subclass with name = {name!r}")
+                                     f"Server subclass with name = {name!r}")
 
 
 class _Registry(Mapping):
-    """name -> Method class, importing a method's code only when it is looked up."""
+    """name -> Server class, importing a method's code only when it is looked up."""
 
-    def __getitem__(self, name: str) -> type[Method]:
+    def __getitem__(self, name: str) -> type[Server]:
         return method_class(name)
 
     def __iter__(self) -> Iterator[str]:

@@ -2,7 +2,7 @@
 task on a Dask cluster, run through prefect-dask's DaskTaskRunner.
 
 Where things live:
-  - the server half (the Method: configure, aggregate), the clients' evaluation, the byte ledger,
+  - the server half (the Server: configure, aggregate), the clients' evaluation, the byte ledger,
     the results file and the checkpoint stay in the flow's process; a worker gets only the client half (the
     method's `LocalUpdate`, which holds the params), one client and its download;
   - client state travels with each task and back: the client (model, optimizer, `state`, its

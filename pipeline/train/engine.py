@@ -57,7 +57,7 @@ from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, build_clients, on_split
 from pipeline.federation.clock import ClientTime, Clock, RoundPlan, build_clock
 from pipeline.federation.devices import population
-from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload
+from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload
 from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.results.labels import run_label
 from pipeline.train import checkpoint
@@ -117,7 +117,7 @@ class Simulation:
     through its steps: `run_round` (a round, for the schedules that have rounds) or `configure`,
     `deliver`, `train_one`, `receive` and `arrive` (one client's update at a time, async)."""
 
-    def __init__(self, method_cls: type[Method], clients: list[Client], ctx: ServerContext, executor,
+    def __init__(self, method_cls: type[Server], clients: list[Client], ctx: ServerContext, executor,
                  local: LocalUpdate | None = None):
         self.clients = clients
         self.local = local if local is not None else method_cls.client_cls(ctx.params, ctx.num_classes)
@@ -237,7 +237,7 @@ class Simulation:
 
     def final_downloads(self, round_: int) -> None:
         """After the last round: what the server sends every client for the last evaluation to read
-        (`Method.final_downloads`), counted as the round's downloads; with the clock, each completes over its
+        (`Server.final_downloads`), counted as the round's downloads; with the clock, each completes over its
         client's downlink from the round's end, and the round ends when the last has (Clock.deliver)."""
         finals = self.server.final_downloads(round_)
         done = {} if self.clock is None or not finals else self.clock.deliver(
@@ -261,7 +261,7 @@ class Simulation:
         return self.server.report(round_, evaluations)
 
 
-def make_executor(params: Params, method_cls: type[Method], local: LocalUpdate,
+def make_executor(params: Params, method_cls: type[Server], local: LocalUpdate,
                   schedule_cls: type[Schedule] | None = None):
     """The executor `train.executor` asks for, or the sequential one (saying why) where the method's declaration
     (`supports`, pipeline/capabilities.py) says the asked one cannot run it, or the schedule trains one client's
@@ -322,7 +322,7 @@ class Trainer:
         inputs = method_cls.inputs() if input_files is None else input_files
         if params.devices.enabled and params.devices.trace is not None:  # a checkpoint resumes only on the same trace
             inputs = [*inputs, Path(params.devices.trace)]
-        self.fingerprint = fingerprint(params, f"{self.algorithm.name}-{self.setting}", inputs)
+        self.fingerprint = fingerprint(params, f"{self.server.name}-{self.setting}", inputs)
         self.run_id = ""
         self.history: list[tuple[int, float | None]] = []
         self.val_history: list[tuple[int, float | None]] = []
@@ -344,7 +344,7 @@ class Trainer:
         return self.sim.ledger
 
     @property
-    def algorithm(self) -> Method:
+    def server(self) -> Server:
         """The method's server half."""
         return self.sim.server
 
@@ -361,14 +361,14 @@ class Trainer:
                 self.results.drop_after(self.run_id, state["round"])
                 self.schedule.resume(state["round"])
                 return state["round"] + 1
-            print(f"{self.algorithm.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
+            print(f"{self.server.name}: cannot resume run {state['run_id']} ({problem}); starting a new run",
                   flush=True)
-        self.run_id = f"{self.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.run_id = f"{self.server.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         info = self.run_info
-        self.results.start_run(self.run_id, self.algorithm.name, self.dataset_name, self.setting,
+        self.results.start_run(self.run_id, self.server.name, self.dataset_name, self.setting,
                                self.params.model_dump(mode="json", by_alias=True), info.git_revision,
                                experiment=info.experiment, changed=info.changed,
-                               label=run_label(self.params, self.algorithm.name))
+                               label=run_label(self.params, self.server.name))
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):
@@ -435,7 +435,7 @@ class Trainer:
         val = {k: (a, n) for k, a, n in val_rows}
         rows = [(k, a, n, *val.get(k, (None, 0))) for k, a, n in rows]
         with timer("db"):
-            self.algorithm.end_round(round_)
+            self.server.end_round(round_)
             ledger = self.ledger
             clock = self.sim.clock
             self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
@@ -465,7 +465,7 @@ class Trainer:
             "round": round_,
             "clients": [{"model": c.model.state_dict(), "optimizer": c.optimizer.state_dict(), "state": dict(c.state)}
                         for c in self.clients],
-            "algorithm": self.algorithm.state_dict(),
+            "algorithm": self.server.state_dict(),
             "ledger": self.ledger.state_dict(),
             "history": list(self.history),
             "val_history": list(self.val_history),
@@ -480,7 +480,7 @@ class Trainer:
             c.model.load_state_dict(s["model"])
             c.optimizer.load_state_dict(s["optimizer"])
             c.state = dict(s["state"])
-        self.algorithm.load_state_dict(state["algorithm"])
+        self.server.load_state_dict(state["algorithm"])
         self.ledger.load_state_dict(state["ledger"])
         self.history = list(state["history"])
         self.val_history = list(state.get("val_history", []))
@@ -496,7 +496,7 @@ class Trainer:
         clock = {} if self.sim.clock is None else {"sim_time_s": round(self.sim.clock.now, 6), **self.schedule.summary()}
         return {
             "run_id": self.run_id,
-            "algorithm": self.algorithm.name,
+            "algorithm": self.server.name,
             "dataset": self.dataset_name,
             "setting": self.setting,
             "rounds": self.params.train.rounds,

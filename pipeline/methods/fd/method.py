@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
+from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_ce_rows
 
@@ -59,7 +59,7 @@ class FDClient(LocalUpdate):
         return Upload([Payload("class_logits", {"class_ids": mine.cpu(), "logits": means})])
 
 
-class FD(Method):
+class FD(Server):
     name = "fd"
     client_cls = FDClient
 

@@ -45,7 +45,7 @@ import torch
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
 from pipeline.federation.averaging import weighted_average
 from pipeline.federation.clients import evaluate_with
-from pipeline.federation.contract import (Evaluation, LocalUpdate, Method, Phase, ServerContext, Upload, Wire,
+from pipeline.federation.contract import (Evaluation, LocalUpdate, Server, Phase, ServerContext, Upload, Wire,
                                           state_bytes)
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
@@ -195,7 +195,7 @@ class FedAltClient(LocalUpdate):
         return Evaluation(n, {"acc": accs[-1], **readings})
 
 
-class FedAlt(Method):
+class FedAlt(Server):
     name = "fedalt"
     client_cls = FedAltClient
 

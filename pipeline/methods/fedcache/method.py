@@ -36,7 +36,7 @@ import torch
 
 from pipeline import paths
 from pipeline.errors import InputFileError
-from pipeline.federation.contract import LocalUpdate, Method, ServerContext, Upload, Wire
+from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.index.hashes import load_hashes
 from pipeline.methods.fedcache.knowledge import KnowledgeCache
@@ -86,7 +86,7 @@ class FedCacheClient(LocalUpdate):
         return Upload([Payload("logits", {"sample_ids": client.ids[sent], "logits": logits[order.to(logits.device)].cpu()})])
 
 
-class FedCache(Method):
+class FedCache(Server):
     name = "fedcache"
     client_cls = FedCacheClient
 

@@ -61,7 +61,7 @@ import math
 import torch
 from torch import nn
 
-from pipeline.federation.contract import Evaluation, LocalUpdate, Method, ServerContext, Upload, Wire
+from pipeline.federation.contract import Evaluation, LocalUpdate, Server, ServerContext, Upload, Wire
 from pipeline.federation.ledger import Payload
 from pipeline.errors import ConfigError
 from pipeline.federation.losses import ce_rows
@@ -274,7 +274,7 @@ def prototype_dim(p, model: nn.Module) -> int:
     return p.align_dim if p.align else feature_dim(model)
 
 
-class FedProto(Method):
+class FedProto(Server):
     name = "fedproto"
     client_cls = FedProtoClient
 

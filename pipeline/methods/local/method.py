@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.federation.contract import LocalUpdate, Method
+from pipeline.federation.contract import LocalUpdate, Server
 from pipeline.federation.losses import ce_rows
 
 
@@ -11,6 +11,6 @@ class LocalClient(LocalUpdate):
         return ce_rows(model(step.x), step.y)
 
 
-class LocalOnly(Method):
+class LocalOnly(Server):
     name = "local"
     client_cls = LocalClient

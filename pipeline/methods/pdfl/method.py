@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.federation.clients import Client
-from pipeline.federation.contract import LocalUpdate, Method, Phase, ServerContext, Upload, Wire, state_bytes
+from pipeline.federation.contract import LocalUpdate, Server, Phase, ServerContext, Upload, Wire, state_bytes
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_kd_rows
 from pipeline.seeds import torch_generator
@@ -444,7 +444,7 @@ def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
     return float((probs.argmax(dim=1) == y).float().mean()) if len(y) else float("nan")
 
 
-class PDFL(Method):
+class PDFL(Server):
     name = "pdfl"
     client_cls = PDFLClient
 

@@ -4,13 +4,13 @@ for anybody.
 A client runs one local update after another, each in four events on the simulated clock:
 
   start       it is online (else it starts when it is next online): the server half makes its download from
-              what it holds at this instant (`Method.configure` with this one client);
+              what it holds at this instant (`Server.configure` with this one client);
   downloaded  the download's bytes / its downlink later: the download is counted in the byte ledger
               (`Simulation.deliver`);
   trained     its training time later (the samples it trains / its speed, as the clock times a sync round):
               the local update runs (`Simulation.train_one`) and makes its upload;
   arrived     the upload's bytes / its uplink later: counted (`Simulation.receive`), and folded in by the server
-              half (`Method.arrive`); the client's next update starts at this same instant.
+              half (`Server.arrive`); the client's next update starts at this same instant.
 
 or, when the device goes offline before the upload arrives, `dropped` at the instant it goes offline (queued
 like the others, so it is logged in the span it falls in, in the queue's order); after a drop during the
@@ -117,7 +117,7 @@ class Async(Schedule):
 
     def median_update_s(self) -> float:
         """The median over clients of one update's simulated seconds: its training time plus the bytes its method
-        declares it downloads and uploads in a round (`Method.wire`; where a count is not exact, its bound), the
+        declares it downloads and uploads in a round (`Server.wire`; where a count is not exact, its bound), the
         set-up kinds left out, over its own links."""
         setup = {kind for (_, _, kind, _) in self.sim.ledger.counts.get(SETUP_ROUND, {})}
         times = []
