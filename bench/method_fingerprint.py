@@ -1,6 +1,6 @@
 """Did a refactor of the training core move any method's results? A fingerprint of every method, in-process.
 
-    .venv/bin/python bench/method_fingerprint.py OUT.json [--compare OLD.json]
+    .venv/bin/python bench/method_fingerprint.py OUT.json [--compare OLD.json [--new-kinds KIND,...]]
 
 Runs every registered method (homogeneous, and heterogeneous where it allows it) on both the
 sequential and the vectorized executor, 3 rounds on the test suite's tiny MNIST setting (3 clients,
@@ -9,7 +9,8 @@ exercised), and writes per run: every round's ledger rows, per-client accuracies
 SHA-256 of every client's final weights. Then every method again (homogeneous) on simulated devices
 that go offline and come back (so drops happen) under each schedule, sync, deadline and async, with the round
 and ledger instants; a combination the params or the method refuse is recorded as "refused". With --compare, prints which runs
-differ from OLD.json and exits 1 when any does. Same machine and threads: the figures are bit-exact.
+differ from OLD.json, and in what (weights, accuracies, extras, bytes, instants), and exits 1 when any does;
+--new-kinds leaves out the ledger rows of payload kinds a change added on purpose before comparing. Same machine and threads: the figures are bit-exact.
 Takes about 3 minutes on a 2-core machine.
 """
 
@@ -150,10 +151,42 @@ def _schedule_runs(name: str, params, part, mnist) -> dict:
     return out
 
 
+def without_kinds(run: dict, kinds: set[str]) -> dict:
+    """The run as it would read without the ledger rows of `kinds` (and their bytes in the round totals)."""
+    if not kinds or "rounds" not in run:
+        return run
+    rounds = []
+    for entry in run["rounds"]:
+        dropped = [row for row in entry["ledger"] if row[3] in kinds]
+        entry = {**entry, "ledger": [row for row in entry["ledger"] if row[3] not in kinds]}
+        for direction in ("up", "down"):
+            entry[direction] -= sum(row[4] for row in dropped if row[2] == direction)
+        rounds.append(entry)
+    return {**run, "rounds": rounds}
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """Which parts of a run differ: final weights, per-client accuracies, extra metrics, bytes, simulated instants."""
+    if old.get("refused") or new.get("refused") or "rounds" not in old or "rounds" not in new:
+        return [] if old == new else ["refused" if old.get("refused") != new.get("refused") else "missing"]
+    parts = {"weights": old["weights"] != new["weights"]}
+    a, b = old["rounds"], new["rounds"]
+    if len(a) != len(b):
+        return [*[p for p, d in parts.items() if d], "rounds"]
+    pick = {"accuracies": lambda e: (e["round"], e["mean_acc"], e["clients"]), "extras": lambda e: e["extras"],
+            "bytes": lambda e: (e["up"], e["down"], [row[:6] for row in e["ledger"]]),
+            "instants": lambda e: (e.get("sim_time_s"), [row[6:] for row in e["ledger"]])}
+    for part, key in pick.items():
+        parts[part] = [key(e) for e in a] != [key(e) for e in b]
+    return [p for p, d in parts.items() if d]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--compare", type=Path, help="an earlier fingerprint to compare with")
+    ap.add_argument("--new-kinds", default="", help="comma-separated payload kinds a change added on purpose: "
+                    "their ledger rows (and bytes) are left out of the new fingerprint before comparing")
     args = ap.parse_args()
     out = fingerprint_all()
     args.out.write_text(json.dumps(out, indent=1, sort_keys=True))
@@ -161,9 +194,10 @@ def main() -> int:
         return 0
     old = json.loads(args.compare.read_text())
     out = json.loads(args.out.read_text())  # NaN readings compare equal only as the same parsed constant
+    new_kinds = {k for k in args.new_kinds.split(",") if k}
     differ = 0
     for run in sorted(set(old) | set(out)):
-        parts = [p for p in ("rounds", "weights", "refused") if old.get(run, {}).get(p) != out.get(run, {}).get(p)]
+        parts = differences(old.get(run, {}), without_kinds(out.get(run, {}), new_kinds))
         print(f"{run:32s} {'same' if not parts else 'DIFFERS: ' + ', '.join(parts)}")
         differ += bool(parts)
     print(f"{len(out)} runs, {differ} differ")

@@ -306,7 +306,8 @@ def test_a_client_whose_connection_drops_mid_download_neither_receives_it_nor_tr
     plan = trainer.sim.last_plan
     assert plan.kept == [0, 2] and plan.dropped == {1: "offline"}
     sent = {(k, d, kind) for _, k, d, kind, *_ in trainer.ledger.rows(1)}
-    assert sent == {(k, d, "params") for k in (0, 2) for d in ("down", "up")}  # nothing to or from client 1
+    assert sent == {(k, d, "params") for k in (0, 2) for d in ("down", "up")} | {(k, "up", "num_samples") for k in (0, 2)}
+    # nothing to or from client 1
     for name, t in trainer.clients[1].model.state_dict().items():
         assert torch.equal(t, before[name]), name  # not trained on a download it never got
     assert plan.end == pytest.approx(max(plan.finish(0), plan.finish(2)))

@@ -10,7 +10,8 @@ the method allows it, heterogeneous models:
   - a run resumed from a checkpoint taken after round 1 ends exactly where an uninterrupted run does;
   - the server half holds no client, model, optimizer or client tensor (the boundary: what it
     knows of a client came as a payload);
-  - every row of its byte ledger weighs what its declared formula (`Server.wire`) says;
+  - every row of its byte ledger weighs what its declared formula (`Server.wire`) says, and the ledger's total
+    is the bytes of every array that crossed the boundary (tests/boundary.py), on both executors;
   - every key of its params section refuses a value of the wrong type, and an unknown key, naming
     the key in the error;
   - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15
@@ -27,10 +28,12 @@ import numpy as np
 import pytest
 import torch
 
+from boundary import tally_the_boundary
 from conftest import make_workspace, tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
 from pipeline.capabilities import holds
+from pipeline.federation.contract import Upload
 from pipeline.methods import registry
 from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
@@ -91,12 +94,38 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
         assert isinstance(vec.executor, VectorizedExecutor)
     sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
+    crossed = [tally_the_boundary(trainer) for trainer in (seq, vec)]
     for trainer in (seq, vec):
         trainer.start()
         _rounds(trainer, range(1, 3))
     for c in seq.clients:
         assert all(p.dtype != torch.float32 for p in c.model.state_dict().values())  # really in float64
     _assert_same_state(seq, vec, atol=1e-9, rtol=1e-7)
+    for trainer, tally in zip((seq, vec), crossed):  # the ledger counted every array that crossed, on both executors
+        assert trainer.ledger.total() == tally["bytes"], f"{method} on {type(trainer.executor).__name__}"
+
+
+def test_the_byte_check_sees_an_array_that_crossed_uncounted(tiny_workspace, mnist):
+    """A client that slips a tensor beside its payloads (an attribute of its upload): the tally and the ledger differ."""
+    _, params, part = tiny_workspace
+    trainer = _trainer(tiny(params, "fedavg"), part, mnist, "fedavg", "side-channel")
+    crossed = tally_the_boundary(trainer)
+    end = trainer.sim.local.end
+
+    def end_with_a_side_channel(client, targets, records, round_):
+        upload = end(client, targets, records, round_)
+        upload.model = client.model.state_dict()  # travels to the server, never counted
+        return upload
+
+    trainer.sim.local.end = end_with_a_side_channel
+    trainer.start()
+    _rounds(trainer, range(1, 2))
+    assert crossed["bytes"] > trainer.ledger.total() > 0
+
+
+def test_an_upload_refuses_an_array_as_a_metric():
+    with pytest.raises(TypeError, match=r"Upload.metrics\['w'\] is a Tensor: metrics are plain floats"):
+        Upload(metrics={"w": torch.zeros(3)})
 
 
 def _reachable(root, skip: set[int]):

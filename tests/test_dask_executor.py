@@ -37,6 +37,7 @@ from pipeline.train.engine import Trainer
 from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
+from boundary import tally_the_boundary
 from conftest import tiny, tiny_params_raw, with_section
 
 DASK = Path(sys.executable).with_name("dask")
@@ -184,9 +185,11 @@ def test_dask_equals_sequential(tiny_workspace, mnist, float64, separate_cluster
     sizes = [c.num_train for c in seq.clients]
     assert len(set(sizes)) > 1 and any(n % 8 for n in sizes)  # uneven clients and partial batches are exercised
 
+    crossed = tally_the_boundary(dask)
     rows_seq, rows_dask = _train(seq, rounds=1), _train(dask, rounds=1)
 
     assert seq.ledger.state_dict() == dask.ledger.state_dict()  # byte-identical ledger
+    assert dask.ledger.total() == crossed["bytes"]  # every array that came back from the workers was counted
     assert [(k, n) for k, _, n in rows_seq] == [(k, n) for k, _, n in rows_dask]
     assert [a for _, a, _ in rows_seq] == pytest.approx([a for _, a, _ in rows_dask], abs=1e-12)
     for c_seq, c_dask in zip(seq.clients, dask.clients):

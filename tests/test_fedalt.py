@@ -270,11 +270,12 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     for (r, k), m in sent.items():
         expected += [(r, k, "down", f"block{b}", size[b]) for b in range(1, m + 1)]
         expected += [(r, k, "up", f"block{b}", size[b]) for b in (1, 2, 3)]  # the whole model, whatever it received
+        expected.append((r, k, "up", "num_samples", 4))  # its weight in the mean: one int32
     assert sorted(rows) == sorted(expected)
     whole = sum(size.values())
     down1 = sum(size[b] for k in range(3) for b in range(1, sent[1, k] + 1))
-    assert per_round == [(0, 0, 0), (1, 3 * whole, down1), (2, 3 * whole, 3 * whole)]
-    assert summary["bytes_total"] == down1 + 9 * whole
+    assert per_round == [(0, 0, 0), (1, 3 * (whole + 4), down1), (2, 3 * (whole + 4), 3 * whole)]
+    assert summary["bytes_total"] == down1 + 9 * whole + 6 * 4
     assert {n for (_, n) in extras} == {"acc_exit1", "acc_exit2", "acc_exit3", "acc_global", "val_acc"}
     # acc_global: the global model (final exit) on every client's test split, the mean over clients
     model = copy.deepcopy(trainer.clients[0].model)

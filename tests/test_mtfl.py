@@ -90,8 +90,9 @@ def test_mtfl_learns_and_sends_only_shared_tensors(learning_workspace, mnist):
     K = len(trainer.clients)
     assert sorted(rows) == sorted([(r, k, d, "params", shared_bytes) for r in range(1, 4) for k in range(K)
                                    for d in ("down", "up")] + [(3, k, "down", "final_params", shared_bytes)
-                                                               for k in range(K)])  # the last figure's download
-    assert summary["bytes_total"] == (3 * K * 2 + K) * shared_bytes
+                                                               for k in range(K)]  # the last figure's download
+                                  + [(r, k, "up", "num_samples", 4) for r in range(1, 4) for k in range(K)])
+    assert summary["bytes_total"] == (3 * K * 2 + K) * shared_bytes + 3 * K * 4
     # learns: above chance (10 classes) and its untrained start. The figure is MTFL's own reading (the global
     # shared layers with the client's BatchNorm, before local training), slower to rise than the trained
     # models': seeds 0-2 gave 0.109 -> 0.317, 0.104 -> 0.336, 0.099 -> 0.252

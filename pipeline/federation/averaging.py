@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import Server, ServerContext, Wire, state_bytes
+from pipeline.federation.contract import SAMPLE_COUNT, Server, ServerContext, Wire, state_bytes, weight_of
 from pipeline.federation.ledger import Payload
 
 
@@ -69,9 +69,9 @@ class ParameterAveraging(Server):
         self.buffer: list[tuple[dict[str, torch.Tensor], float]] = []  # async: arrivals not folded yet, with weights
 
     def wire(self, k):
-        """The global state down, the client's state of the same tensors up."""
+        """The global state down, the client's state of the same tensors up with its sample count (int32)."""
         state = state_bytes(self.global_state)
-        return {("down", "params"): Wire(state), ("up", "params"): Wire(state)}
+        return {("down", "params"): Wire(state), ("up", "params"): Wire(state), ("up", SAMPLE_COUNT): Wire(4)}
 
     def configure(self, round_, selected):
         if self.asynchronous:  # what an arriving upload's staleness is counted from
@@ -79,9 +79,9 @@ class ParameterAveraging(Server):
         return {k: [Payload("params", dict(self.global_state))] for k in selected}
 
     def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
-        ups = list(uploads.values())
-        self.count_work(2.0 * sum(t.numel() for u in ups for t in u.payloads[0].arrays.values()))  # a mul, an add each
-        return weighted_average([u.payloads[0].arrays for u in ups], [u.kept["weight"] for u in ups])
+        states = [u.payload("params").arrays for u in uploads.values()]
+        self.count_work(2.0 * sum(t.numel() for state in states for t in state.values()))  # a mul, an add each
+        return weighted_average(states, [weight_of(u) for u in uploads.values()])
 
     def aggregate(self, round_, uploads):
         self.global_state = self.mean_upload(uploads)
@@ -90,7 +90,7 @@ class ParameterAveraging(Server):
         """FedAsync: mix one arriving upload in, staleness-weighted; with a buffer, every B arrivals at once."""
         t = self.ctx.params.train
         staleness = self.version - self.sent_version.pop(k)
-        self.buffer.append((upload.payloads[0].arrays, staleness_weight(staleness, t.async_alpha,
+        self.buffer.append((upload.payload("params").arrays, staleness_weight(staleness, t.async_alpha,
                                                                         t.async_staleness_exponent)))
         if len(self.buffer) >= t.async_buffer:
             states, weights = zip(*self.buffer)

@@ -59,11 +59,44 @@ class Phase:
 
 @dataclass
 class Upload:
-    """What a client returns: the payloads it sends (counted by the engine) and what it keeps
-    for itself but the simulation reads (e.g. pDFL's published knowledge; never counted)."""
+    """What a client returns at the end of its update; every field is typed, nothing travels beside them.
+
+    payloads: sent to the server, counted by the engine when they arrive;
+    relay: sent to other clients (decentralized methods): the network simulator (the method's server half)
+        holds them and delivers them as payloads with `sender` set, each counted on its edge when delivered;
+    metrics: the client's diagnostics for the round's report (plain numbers, e.g. pDFL's teacher accuracies):
+        a measurement of the simulation, not traffic of the method (as an Evaluation), so not counted."""
 
     payloads: list[Payload] = field(default_factory=list)
-    kept: dict = field(default_factory=dict)
+    relay: list[Payload] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value in self.metrics.items():
+            if type(value) is not float:  # an array here would be traffic nobody counts
+                raise TypeError(f"Upload.metrics[{name!r}] is a {type(value).__name__}: metrics are plain floats; "
+                                "send arrays as payloads (or relay), which the ledger counts")
+
+    def payload(self, kind: str) -> Payload:
+        """The one payload of `kind` this upload carries."""
+        found = [p for p in self.payloads if p.kind == kind]
+        if len(found) != 1:
+            raise KeyError(f"the upload carries {len(found)} payloads of kind {kind!r} (kinds: "
+                           f"{[p.kind for p in self.payloads]})")
+        return found[0]
+
+
+SAMPLE_COUNT = "num_samples"
+
+
+def sample_count(n: int) -> Payload:
+    """A client's training-sample count, what a sample-weighted mean weighs its upload by: one int32, counted."""
+    return Payload(SAMPLE_COUNT, {SAMPLE_COUNT: torch.tensor([n], dtype=torch.int32)})
+
+
+def weight_of(upload: Upload) -> float:
+    """The sample count an upload carries (`sample_count`), as a weight."""
+    return float(upload.payload(SAMPLE_COUNT).arrays[SAMPLE_COUNT][0])
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,13 @@ def nbytes(array: torch.Tensor | np.ndarray) -> int:
 @dataclass(frozen=True)
 class Payload:
     """What one message carries: a kind and named arrays. `sender` is set on what a client
-    receives from another client (decentralized methods) rather than from the server."""
+    receives from another client (decentralized methods) rather than from the server; `receiver` on what
+    a client relays to one peer (pDFL's feedback copy; None: whichever peers receive it)."""
 
     kind: str
     arrays: dict[str, torch.Tensor | np.ndarray]
     sender: int | None = None
+    receiver: int | None = None
 
     @property
     def nbytes(self) -> int:

@@ -132,7 +132,7 @@ class Simulation:
         self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
         self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
 
-    # -- the ledger: written here and only here --------------------------------------------------
+    # -- the ledger: written here and only here; deliver and receive are the boundary every payload crosses --
 
     def count(self, round_: int, client: int, direction: str, payload: Payload, peer: int = SERVER,
               at: float | None = None) -> None:
@@ -152,7 +152,8 @@ class Simulation:
                 self.count(round_, p.sender, UP, p, peer=client, at=at)
 
     def receive(self, round_: int, client: int, upload: Upload, at: float | None = None) -> None:
-        """What `client` sent the server at the end of its update."""
+        """What `client` sent the server (at the end of its update, or in a per-step exchange). Its relayed
+        payloads (decentralized methods) are counted where they travel: delivered to a peer, `deliver`."""
         for p in upload.payloads:
             self.count(round_, client, UP, p, at=at)
 
@@ -219,8 +220,7 @@ class Simulation:
             for k in received:  # each download completes when its client's does; the exchange with its local work
                 self.deliver(round_, k, downloads[k], None if plan is None else plan.start + plan.times[k].downloaded)
                 at = None if plan is None else plan.start + plan.times[k].trained
-                for p in exchanged[k][0]:
-                    self.count(round_, k, UP, p, at=at)
+                self.receive(round_, k, Upload(exchanged[k][0]), at)
                 self.deliver(round_, k, exchanged[k][1], at)
             for k in kept:
                 self.receive(round_, k, uploads[k], None if plan is None else plan.finish(k))

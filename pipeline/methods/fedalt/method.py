@@ -45,8 +45,8 @@ import torch
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
 from pipeline.federation.averaging import weighted_average
 from pipeline.federation.clients import evaluate_with
-from pipeline.federation.contract import (Evaluation, LocalUpdate, Server, Phase, ServerContext, Upload, Wire,
-                                          state_bytes)
+from pipeline.federation.contract import (SAMPLE_COUNT, Evaluation, LocalUpdate, Phase, Server, ServerContext, Upload,
+                                          Wire, sample_count, state_bytes, weight_of)
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
@@ -171,10 +171,10 @@ class FedAltClient(LocalUpdate):
                                 two_way=self.cfg.distill == "two_way")
 
     def end(self, client, targets, records, round_):
-        """Upload the whole trained local model, one payload per block."""
+        """Upload the whole trained local model, one payload per block, and the client's sample count."""
         state = client.model.state_dict()
-        return Upload([Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
-                       for b in range(1, NUM_BLOCKS + 1)], {"weight": float(client.num_train)})
+        return Upload([*(Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
+                         for b in range(1, NUM_BLOCKS + 1)), sample_count(client.num_train)])
 
     @torch.inference_mode()
     def evaluate(self, client, download):
@@ -206,9 +206,10 @@ class FedAlt(Server):
         self.global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
 
     def wire(self, k):
-        """Each block, whole, as its own kind: the first m_k of them down, all of them up."""
+        """Each block, whole, as its own kind: the first m_k of them down, all of them up with the sample count."""
         sizes = [state_bytes(block_state(self.global_state, b)) for b in range(1, NUM_BLOCKS + 1)]
-        return {(direction, f"block{b}"): Wire(size) for b, size in enumerate(sizes, 1) for direction in ("down", "up")}
+        return {**{(direction, f"block{b}"): Wire(size) for b, size in enumerate(sizes, 1) for direction in ("down", "up")},
+                ("up", SAMPLE_COUNT): Wire(4)}
 
     def blocks_sent(self, round_: int, client: int) -> int:
         return blocks_sent(self.cfg, self.ctx.params.seed, round_, client)
@@ -220,10 +221,11 @@ class FedAlt(Server):
                 for k in selected}
 
     def aggregate(self, round_, uploads):
-        self.count_work(2.0 * sum(t.numel() for up in uploads.values() for p in up.payloads for t in p.arrays.values()))
-        self.global_state = aggregate(self.global_state, [
-            ({int(p.kind.removeprefix("block")): p.arrays for p in up.payloads}, up.kept["weight"])
-            for up in uploads.values()])
+        blocks = [{int(p.kind.removeprefix("block")): p.arrays for p in up.payloads if p.kind.startswith("block")}
+                  for up in uploads.values()]
+        self.count_work(2.0 * sum(t.numel() for states in blocks for state in states.values() for t in state.values()))
+        self.global_state = aggregate(self.global_state, [(states, weight_of(up))
+                                                          for states, up in zip(blocks, uploads.values())])
 
     def evaluation(self, round_):
         return [Payload("global", self.global_state)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pipeline.federation.averaging import ParameterAveraging, state_copy
 from pipeline.federation.clients import evaluate_model, evaluate_with
-from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
+from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload, sample_count
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -33,7 +33,7 @@ class FedAvgClient(LocalUpdate):
         return ce_rows(model(step.x), step.y)
 
     def end(self, client, targets, records, round_):
-        return Upload([Payload("params", state_copy(client.model))], {"weight": float(client.num_train)})
+        return Upload([Payload("params", state_copy(client.model)), sample_count(client.num_train)])
 
     def evaluate(self, client, download):
         """Both readings: the client's own model, and the global model (the evaluation download)."""

@@ -68,6 +68,7 @@ from pipeline.federation.losses import ce_rows
 from pipeline.seeds import torch_generator
 
 ADAPTER_HIDDEN = 128
+FEATURE_DIM = "feature_dim"  # the set-up payload announcing a client's feature size
 
 
 # -- pure functions (unit-tested) -------------------------------------------------------
@@ -199,8 +200,10 @@ class FedProtoClient(LocalUpdate):
         self.p = params.fedproto
 
     def setup(self, client):
-        """Announce the client's feature size (the prototype size without `align`; one integer, not counted)."""
-        return Upload(kept={"feature_dim": feature_dim(client.model)})
+        """Announce the client's feature size (the prototype size without `align`): one int32, set-up traffic."""
+        if self.p.align:  # the prototypes have align_dim entries, known from params
+            return Upload()
+        return Upload([Payload(FEATURE_DIM, {FEATURE_DIM: torch.tensor([feature_dim(client.model)], dtype=torch.int32)})])
 
     def prepare(self, client):
         """With `align`, the client's adapter joins its model (trained by its optimizer, never sent)."""
@@ -306,12 +309,13 @@ class FedProto(Server):
         proto = topk_count(p.topk_fraction, D) * (1 + 2) + 4 if p.compress else 4 * D
         up = 8 + 8 + (4 if p.aggregation == "confidence" else 0) + proto
         held = len(self.ctx.client_labels(k).unique())
-        return {("up", "prototypes"): Wire(up, held), ("down", "prototypes"): Wire(8 + 4 * D, C, False)}
+        return {("up", "prototypes"): Wire(up, held), ("down", "prototypes"): Wire(8 + 4 * D, C, False),
+                ("up", FEATURE_DIM): Wire(4)}
 
     def setup(self, uploads):
         if self.p.align:
             return
-        dims = sorted({up.kept["feature_dim"] for up in uploads.values()})
+        dims = sorted({int(up.payload(FEATURE_DIM).arrays[FEATURE_DIM][0]) for up in uploads.values()})
         if len(dims) != 1:
             raise ConfigError(f"fedproto: the clients' feature sizes differ ({dims}); prototypes "
                               "cannot be shared: set fedproto.align: true")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.federation.clients import evaluate_model, evaluate_with
-from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload
+from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload, sample_count
 from pipeline.federation.averaging import ParameterAveraging
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -52,7 +52,7 @@ class MTFLClient(LocalUpdate):
 
     def end(self, client, targets, records, round_):
         shared = shared_state(client.model, private_names(client.model))
-        return Upload([Payload("params", shared)], {"weight": float(client.num_train)})
+        return Upload([Payload("params", shared), sample_count(client.num_train)])
 
     def evaluate(self, client, download):
         """Both readings: before_local (the global shared tensors, the evaluation download, in a copy of

@@ -41,12 +41,13 @@ so the order of clients does not matter):
      `external_peers` highest-weighted neighbours and trains each for `external_steps` SGD steps
      (train.lr / momentum / weight_decay, batch train.batch_size, seeded order, train mode) on
      its own data with CE + kd_weight * T^2 * KL(softmax(M_i(x)/T) || M_j-copy(x)/T), i's trained
-     model as the teacher. The copy goes back to j: kept in the upload, delivered by the network
-     simulator (this module's server half; pDFL has no server) in j's next download as
-     Payload("feedback", state, sender=i). Only the latest feedback per directed pair is kept;
+     model as the teacher. The copy goes back to j: relayed in the upload (Upload.relay, addressed to j),
+     delivered by the network simulator (this module's server half; pDFL has no server) in j's next
+     download as Payload("feedback", state, sender=i). Only the latest feedback per directed pair is kept;
   6. publish i's new knowledge (P_i, n_i) and its trained model, sent to its neighbours next round
-     (kept in the upload: the network simulator holds what each client published; no server
-     half reads a client's model).
+     (relayed in the upload: the network simulator holds what each client published until it travels
+     and is counted; no server half reads a client's model). Its diagnostics and attention weights
+     travel as the upload's metrics (plain numbers for the report, not traffic).
 
 Ties in a ranking by weight (uniform weights with attention off) go to the lower client id.
 Each training phase is one pass (train.local_epochs epochs) over the local data; the first uses
@@ -83,6 +84,7 @@ from pipeline.seeds import torch_generator
 from pipeline.methods.pdfl.topology import Topology
 
 State = dict[str, torch.Tensor]
+ATTENTION = "attention<-"  # a metric of the upload: the client's weight on neighbour j, named ATTENTION + j
 
 
 def model_state(model: torch.nn.Module) -> State:
@@ -298,8 +300,7 @@ class PDFLClient(LocalUpdate):
     def setup(self, client):
         """Round 0: publish the knowledge of the initial model, and the model (sent in round 1)."""
         publish(client, self.num_classes, self.p.T, self.params.train.eval_batch_size)
-        return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
-                            "model": model_state(client.model)})
+        return Upload(relay=published(client))
 
     def phases(self, round_):
         head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
@@ -312,7 +313,7 @@ class PDFLClient(LocalUpdate):
         batches of min(batch_size, its samples) (CopyJob.batches). Its attention fitting and the peers' forward
         passes are not counted."""
         batch = min(self.params.train.batch_size, client.num_train)
-        return len(upload.kept.get("feedback", {})) * self.p.external_steps * batch
+        return sum(p.kind == "feedback" for p in upload.relay) * self.p.external_steps * batch
 
     def begin(self, client, download, round_):
         """Steps 2-4 on the client: neighbour outputs on its data, train its attention, build the
@@ -427,10 +428,18 @@ class PDFLClient(LocalUpdate):
                 for j, state in client.state.pop("held", [])]
 
     def _upload(self, client, feedback: dict[int, State]) -> Upload:
-        return Upload(kept={"soft": client.state["soft"], "counts": client.state["counts"],
-                            "model": model_state(client.model), "neighbours": client.state["neighbours"],
-                            "weights": client.state["weights"], "feedback": feedback,
-                            "diagnostics": client.state.pop("diag", {})})
+        """What i relays (its model and knowledge to its neighbours, each feedback copy to its peer) and its
+        diagnostics: the round's teacher accuracies and its attention weight on each neighbour."""
+        relay = [*published(client), *(Payload("feedback", state, receiver=j) for j, state in sorted(feedback.items()))]
+        attention = {f"{ATTENTION}{j}": float(w) for j, w in zip(client.state["neighbours"].tolist(),
+                                                                  client.state["weights"].tolist())}
+        return Upload(relay=relay, metrics={**client.state.pop("diag", {}), **attention})
+
+
+def published(client: Client) -> list[Payload]:
+    """What a client publishes to its neighbours: its model and its knowledge (P_i, n_i)."""
+    return [Payload("model", model_state(client.model)),
+            Payload("knowledge", {"soft": client.state["soft"], "counts": client.state["counts"]})]
 
 
 def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
@@ -471,8 +480,21 @@ class PDFL(Server):
     def setup(self, uploads):
         # No common body: nothing is averaged, so every client keeps its own initial model (as local-only).
         for k, up in uploads.items():  # the initial models and their knowledge; sent (and counted) in round 1
-            self.soft[k], self.counts[k], self.models[k] = up.kept["soft"], up.kept["counts"], up.kept["model"]
+            self.hold(k, up.relay)
         self.topology.write(self.ctx.run_dir / "topology.json")
+
+    def hold(self, i: int, relay: list[Payload]) -> None:
+        """The network keeps what client i relayed until it travels (and is counted): its model and knowledge,
+        sent to its neighbours, and its feedback copies, the latest per directed pair i -> j."""
+        for p in relay:
+            if p.kind == "model":
+                self.models[i] = p.arrays
+            elif p.kind == "knowledge":
+                self.soft[i], self.counts[i] = p.arrays["soft"], p.arrays["counts"]
+            elif p.kind == "feedback":
+                self.feedback.setdefault(p.receiver, {})[i] = p.arrays
+            else:
+                raise ValueError(f"pdfl: client {i} relayed an unknown payload {p.kind!r}")
 
     def configure(self, round_, selected):
         """Step 1: what every in-neighbour sends each selected client, from the round-start state,
@@ -498,19 +520,16 @@ class PDFL(Server):
         stats = self.stats.setdefault(round_, {})
         maxima = []
         for i, up in sorted(uploads.items()):
-            self.soft[i], self.counts[i], self.models[i] = up.kept["soft"], up.kept["counts"], up.kept["model"]
-            nbrs, w = up.kept["neighbours"].tolist(), up.kept["weights"].tolist()
-            self.last_weights[i] = (nbrs, w)
-            for j, wj in zip(nbrs, w):
-                stats[f"attn:{i}<-{j}"] = float(wj)
-            maxima.append(max(w))
-            for j, state in up.kept["feedback"].items():  # the latest per directed pair i -> j
-                self.feedback.setdefault(j, {})[i] = state
+            self.hold(i, up.relay)
+            weights = {int(key.removeprefix(ATTENTION)): w for key, w in up.metrics.items() if key.startswith(ATTENTION)}
+            self.last_weights[i] = (list(weights), list(weights.values()))
+            for j, wj in weights.items():
+                stats[f"attn:{i}<-{j}"] = wj
+            maxima.append(max(weights.values()))
         stats["attention_max"] = sum(maxima) / max(len(maxima), 1)
         # mean over the clients that had each teacher this round (diagnostics: is a teacher ahead of the student?)
         for key in ("student_acc", "internal_teacher_acc", "external_teacher_acc"):
-            values = [up.kept["diagnostics"][key] for up in uploads.values()
-                      if not math.isnan(up.kept["diagnostics"].get(key, float("nan")))]
+            values = [up.metrics[key] for up in uploads.values() if not math.isnan(up.metrics.get(key, float("nan")))]
             if values:
                 stats[key] = sum(values) / len(values)
 

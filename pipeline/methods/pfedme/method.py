@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.federation.contract import LocalUpdate, Phase, ServerContext, Upload
+from pipeline.federation.contract import LocalUpdate, Phase, ServerContext, Upload, sample_count
 from pipeline.federation.averaging import ParameterAveraging, state_copy
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
@@ -74,7 +74,7 @@ class PFedMeClient(LocalUpdate):
             self._move_w(client.model)
         state = state_copy(client.model)  # theta's BatchNorm buffers, w's parameters
         state.update({n: t.detach().cpu().clone() for n, t in self.w.items()})
-        return Upload([Payload("params", state)], {"weight": float(client.num_train)})
+        return Upload([Payload("params", state), sample_count(client.num_train)])
 
 
 class PFedMe(ParameterAveraging):

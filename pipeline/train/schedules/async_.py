@@ -80,11 +80,17 @@ class Update:
 
 
 def _payload_state(p: Payload) -> dict:
-    return {"kind": p.kind, "arrays": dict(p.arrays), "sender": p.sender}
+    return {"kind": p.kind, "arrays": dict(p.arrays), "sender": p.sender, "receiver": p.receiver}
 
 
 def _payload(state: dict) -> Payload:
-    return Payload(state["kind"], dict(state["arrays"]), state["sender"])
+    return Payload(state["kind"], dict(state["arrays"]), state["sender"], state.get("receiver"))
+
+
+def _upload(state: dict) -> Upload:
+    """An upload as state_dict wrote it (a checkpoint from before typed uploads has no relay or metrics)."""
+    return Upload([_payload(p) for p in state["payloads"]], [_payload(p) for p in state.get("relay", [])],
+                  dict(state.get("metrics", {})))
 
 
 def _nbytes(payloads: list[Payload]) -> int:
@@ -283,7 +289,8 @@ class Async(Schedule):
                 "updates": [{"number": u.number, "start": u.start, "offline_trained": u.offline_trained,
                              "download": [_payload_state(p) for p in u.download],
                              "upload": None if u.upload is None else {
-                                 "payloads": [_payload_state(p) for p in u.upload.payloads], "kept": dict(u.upload.kept)}}
+                                 "payloads": [_payload_state(p) for p in u.upload.payloads],
+                                 "relay": [_payload_state(p) for p in u.upload.relay], "metrics": dict(u.upload.metrics)}}
                             for u in self.updates]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -291,8 +298,7 @@ class Async(Schedule):
         self.queue = [(float(t), int(rank), int(k)) for t, rank, k in state["queue"]]
         heapq.heapify(self.queue)
         self.updates = [Update(int(u["number"]), float(u["start"]), [_payload(p) for p in u["download"]],
-                               None if u["upload"] is None else Upload([_payload(p) for p in u["upload"]["payloads"]],
-                                                                        dict(u["upload"]["kept"])),
+                               None if u["upload"] is None else _upload(u["upload"]),
                                None if u.get("offline_trained") is None else float(u["offline_trained"]))
                         for u in state["updates"]]
         self.log = []
