@@ -10,7 +10,7 @@ from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.feddkc.method import kkr
 from pipeline.methods.fedict.method import FedICTClient
-from pipeline.methods.gkt import label_distribution
+from pipeline.federation.gkt import label_distribution
 from pipeline.federation.contract import Step
 from pipeline.train.engine import Trainer
 from pipeline.errors import ConfigError

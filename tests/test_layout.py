@@ -92,7 +92,7 @@ def test_no_upward_imports():
 def test_a_method_imports_no_other_method():
     bad = [f"{a} -> {b}" for a, deps in _graph().items() for b in deps
            if _method_of(a) and _method_of(b) and _method_of(a) != _method_of(b)]
-    assert not bad, "a method's folder must stand alone (shared code goes to federation/ or methods/*.py):\n" + \
+    assert not bad, "a method's folder must stand alone (shared code goes to federation/):\n" + \
         "\n".join(bad)
 
 
@@ -162,7 +162,14 @@ def test_the_checks_can_fail():
     assert {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names} == {"Trainer"}
     assert _resolve("pipeline.train.engine.Trainer") == "pipeline.train.engine"
     assert "Server" in _names_from(MODULES["pipeline.train.engine"], "pipeline.federation.contract")
-    assert _method_of("pipeline.methods.fedcache.knowledge") == "fedcache" and _method_of("pipeline.methods.gkt") is None
+    assert _method_of("pipeline.methods.fedcache.knowledge") == "fedcache" and _method_of("pipeline.federation.gkt") is None
+
+
+def test_shared_method_bases_live_in_the_shared_core():
+    """pipeline/methods/ holds method folders and the registry only: a base more than one method builds on
+    (parameter averaging, FedGKT's exchange) lives in pipeline/federation/, the core every training stage depends on."""
+    loose = sorted(p.name for p in (ROOT / "pipeline/methods").glob("*.py") if p.name not in ("__init__.py", "registry.py"))
+    assert not loose, f"shared code under pipeline/methods/ (move it to pipeline/federation/): {loose}"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "pipeline/methods").iterdir()

@@ -1,7 +1,7 @@
 """FedDKC: federated distillation with distributed knowledge congruence (Wu et al.), one of the
 FedCache paper's compared methods (section 5.1.4: KKR refinement, beta = 1.5, T = 0.12).
 
-The round is the FedGKT skeleton of pipeline/methods/gkt.py (clients upload stem features,
+The round is the FedGKT skeleton of pipeline/federation/gkt.py (clients upload stem features,
 logits and labels; the server trains A4^S on them and sends its logits back). What FedDKC adds
 is on the server: before A4^S distils a client's knowledge, the knowledge is *refined* so that
 every client's knowledge has the same peak probability T, whatever its model (A1, A2 or A3) and
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.methods.gkt import GKTClient, GKTServer
+from pipeline.federation.gkt import GKTClient, GKTServer
 from pipeline.federation.contract import ServerContext
 from pipeline.errors import ConfigError
 from pipeline.federation.losses import kd_rows, soft_kd_rows

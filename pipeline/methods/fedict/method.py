@@ -1,7 +1,7 @@
 """FedICT: federated multi-task distillation (Wu et al., TPDS 2023), one of the FedCache paper's
 compared methods (section 5.1.4: similarity-based LKA, beta = lambda = mu = 1.5, T = 3.0).
 
-The round is the FedGKT skeleton of pipeline/methods/gkt.py. FedICT keeps the local and the
+The round is the FedGKT skeleton of pipeline/federation/gkt.py. FedICT keeps the local and the
 global knowledge apart in the two distillation directions, using each client's label
 distribution d_k (the share of each class among its training samples). The defaults are the
 official code's (wuzhiyuan2000/FedICT, `fedict_sim`; its `alpha` is our `beta`):
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.methods.gkt import GKTClient, GKTServer, label_distribution
+from pipeline.federation.gkt import GKTClient, GKTServer, label_distribution
 from pipeline.federation.contract import ServerContext
 from pipeline.federation.losses import kd_rows, teacher_weight
 

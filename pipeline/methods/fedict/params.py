@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pipeline.methods.gkt_params import ServerModelParams
+from pipeline.federation.gkt_params import ServerModelParams
 
 
 class FedICTParams(ServerModelParams):

@@ -1,4 +1,4 @@
-"""The server-model knobs FedDKC and FedICT share (their server half is pipeline/methods/gkt.py)."""
+"""The server-model knobs FedDKC and FedICT share (their server half is pipeline/federation/gkt.py)."""
 
 from __future__ import annotations
 
