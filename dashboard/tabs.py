@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import charts, data, stages
 from dashboard.config import Config
-from dashboard.views import RUN_COLUMN_PX, figure_downloads
+from dashboard.views import figure_downloads, fitted
 from pipeline.data import datasets
 
 # the neighbours view's colours: the query sample, a neighbour of its own client, of another client, of another label
@@ -29,13 +29,15 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
     summary = pd.DataFrame({"best round": best.groupby("run", sort=False)["round"].first(),
                             "min": acc.min(), "median": acc.median(), "max": acc.max(),
                             "std": acc.std()}).reset_index()
-    pct = {"format": "percent", "width": 80}
-    # full width, every column sized: nothing cut off in a 1280 px window
-    st.dataframe(summary, hide_index=True, key="client_stats", column_config={
-        "run": st.column_config.TextColumn("run", width=RUN_COLUMN_PX),
-        "best round": st.column_config.NumberColumn("best round", width=80),
-        **{c: st.column_config.NumberColumn(c, **pct) for c in ("min", "median", "max")},
-        "std": st.column_config.NumberColumn("std", format="%.3f", width=80)})
+    # full width, every column sized to its texts: nothing cut off in a 1280 px window
+    texts = summary.assign(**{c: summary[c].map(lambda v: f"{v:.2%}") for c in ("min", "median", "max")},
+                           std=summary["std"].map(lambda v: f"{v:.3f}"))
+    px, rows = fitted(texts, {c: c for c in summary.columns}, wrappable=("run",))
+    st.dataframe(summary, hide_index=True, key="client_stats", row_height=rows, placeholder="—", column_config={
+        "run": st.column_config.TextColumn("run", width=px["run"]),
+        "best round": st.column_config.NumberColumn("best round", width=px["best round"]),
+        **{c: st.column_config.NumberColumn(c, format="percent", width=px[c]) for c in ("min", "median", "max")},
+        "std": st.column_config.NumberColumn("std", format="%.3f", width=px["std"])})
     st.subheader("Client drill-down")
     clients = sorted(snap.clients["client_id"].unique().tolist())
     cid = st.selectbox("Client", clients, key="client")
@@ -51,8 +53,9 @@ def view_clients(snap: data.Snapshot, ids: list[str], stats: dict | None) -> Non
     if len(table):
         st.caption(f"Bytes client {cid} sent (up) and received (down), by what they carry")
         shown = table.assign(**{c: table[c].map(data.fmt_bytes) for c in table.columns if c != "run"})
-        st.dataframe(shown, hide_index=True, key="client_bytes", column_config={
-            c: st.column_config.TextColumn(c, width=RUN_COLUMN_PX if c == "run" else 90) for c in shown.columns})
+        px, rows = fitted(shown, {c: c for c in shown.columns}, wrappable=("run",))
+        st.dataframe(shown, hide_index=True, key="client_bytes", row_height=rows, column_config={
+            c: st.column_config.TextColumn(c, width=px[c]) for c in shown.columns})
 
 
 def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
@@ -227,7 +230,7 @@ def view_params(snap: data.Snapshot, ids: list[str]) -> None:
         if diff.empty:
             st.success(f"The {len(picked)} runs have the same params.")
         else:
-            st.dataframe(diff, hide_index=True, width="stretch", key="params_diff")
+            st.dataframe(diff, hide_index=True, width="stretch", key="params_diff", placeholder="—")
             st.caption(f"{len(diff)} of {len(data.run_params(runs, picked[0]))} keys differ (`run.*`: the run's "
                        f"own columns; {data.MISSING}: the run's params have no such key).")
     st.subheader("All params of one run")

@@ -12,14 +12,9 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, export, stages
+from dashboard import charts, data, export, stages, widths
 from pipeline.data import datasets
 from pipeline.errors import InputFileError
-
-RUN_COLUMN_PX = 144  # a run's label ('fedcache/homo d663c8') in a table
-# '71.3% [68.7, 73.9]' (an accuracy with its 95% interval, intervals.percent): 102 px of 14 px Source Sans, plus the
-# cell's 2 x 8 px padding; the MAUA column's a little more, for a bold (marked) cell
-MAUA_COLUMN_PX, FINAL_COLUMN_PX = 128, 120
 
 log = logging.getLogger("dashboard")
 
@@ -175,35 +170,40 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool, leaders:
     text, number = st.column_config.TextColumn, st.column_config.NumberColumn
     # numbers underneath, KB/MB/GB and '2.50x' on screen (data.sortable_table): a click on a header sorts
     # by the numbers. No `format` on those columns: a column_config format would replace the text.
-    # Widths in px: every column fits the main area of a 1280 px window beside the sidebar (the bytes
-    # without set-up are total minus set-up, and in the CSV).
+    shown = data.display_table(table, include_setup)
+    finished = bool((table["status"] == "finished").all())  # then the status column says nothing: left out
+    heads = {"run": "run", **({} if finished else {"status": "status"}), "maua": "MAUA [95% CI]",
+             "final_acc": "final [95% CI]", "bytes_total": "bytes", "bytes_to_target": f"to {target:.0%}",
+             "speedup": "speed-up", "speedup_vs": "vs",
+             **({"time_to_target": f"time to {target:.0%}", "waiting_share": "waiting"} if "time_to_target" in table else {})}
+    px, rows = fitted(shown, heads, bold=("maua", "bytes_total"), wrappable=("run", "status", "speedup_vs"))
     st.dataframe(
         data.sortable_table(table, include_setup, leaders),
-        hide_index=True, width="stretch",
+        hide_index=True, width="stretch", row_height=rows, placeholder="—",
         column_config={
-            "run": text("run", width=RUN_COLUMN_PX), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
-            "status": text("status", width=62),
+            "run": text("run", width=px["run"]), "run_id": None, "target_acc": None, "algorithm": None, "setting": None,
+            "status": text("status", width=px["status"]) if "status" in px else None,
             # the intervals' text is wide: the rounds (the caption above has each run's last round) and the set-up
             # bytes (the Communication tab, the CSV) give way to it
             "rounds": None, "bytes_setup": None, **{c: None for c in data.TABLE_INTERVALS},
-            "maua": number("MAUA [95% CI]", width=MAUA_COLUMN_PX,
+            "maua": number(heads["maua"], width=px["maua"],
                            help="max over rounds of the mean user accuracy, with its 95% interval over clients (a "
                                 "bootstrap: clients and test sampling, not the seed); sorts by the estimate"),
-            "final_acc": number("final [95% CI]", width=FINAL_COLUMN_PX,
+            "final_acc": number(heads["final_acc"], width=px["final_acc"],
                                 help="mean user accuracy of the last round, with its 95% interval over clients"),
-            "bytes_total": number("bytes", width=72, help="up + down, set-up included"),
+            "bytes_total": number("bytes", width=px["bytes_total"], help="up + down, set-up included"),
             "bytes_training": None,
-            "bytes_to_target": number(f"to {target:.0%}", width=70,
+            "bytes_to_target": number(heads["bytes_to_target"], width=px["bytes_to_target"],
                                       help="cumulative bytes when the mean accuracy first reaches the target"),
-            "speedup": number("speed-up", width=96,
+            "speedup": number("speed-up", width=px["speedup"],
                               help=f"to {target:.0%}: bytes the baseline (same setting) needs to reach the level in "
                                    "'vs' over this run's bytes to reach it"),
-            "speedup_vs": text("vs", width=122, help="the baseline run of the same setting and the accuracy compared at: the "
-                                          "target, or the baseline's best accuracy when it misses the target"),
+            "speedup_vs": text("vs", width=px["speedup_vs"], help="the baseline run of the same setting and the accuracy "
+                               "compared at: the target, or the baseline's best accuracy when it misses the target"),
             # present when a selected run has simulated time (devices.enabled; docs/devices.md)
-            **({"time_to_target": number(f"time to {target:.0%}", width=80,
+            **({"time_to_target": number(heads["time_to_target"], width=px["time_to_target"],
                                          help="simulated seconds when the mean accuracy first reaches the target"),
-                "waiting_share": number("waiting", width=64,
+                "waiting_share": number("waiting", width=px["waiting_share"],
                                         help="share of the participants' simulated time not spent on an update the "
                                              "server used: idle while a sync round waits for its slowest client, or "
                                              "dropped (deadline, offline)")} if "time_to_target" in table else {}),
@@ -213,8 +213,17 @@ def _run_table(table: pd.DataFrame, target: float, include_setup: bool, leaders:
                f"Bytes to target {'include' if include_setup else 'exclude'} the one-time set-up traffic. "
                "Speed-up compares runs of the same setting (homo/hetero), against the baseline picked in the sidebar; "
                "a setting without a run of that method falls back to its costliest run reaching the target. "
-               "The CSV has the raw numbers (bytes, rounds, the intervals' bounds).")
+               + ("Every run has finished (a status column shows while one has not). " if finished else "")
+               + "The CSV has the raw numbers (bytes, rounds, the intervals' bounds).")
     st.download_button("Download table (CSV)", data.csv_table(table, include_setup), "comparison.csv", "text/csv")
+
+
+def fitted(shown: pd.DataFrame, heads: dict[str, str], bold=(), wrappable=()) -> tuple[dict[str, int], int | None]:
+    """Column widths (px) that show each column's header and texts whole and, together, fit the main area of a 1280 px
+    window beside the sidebar (dashboard.widths), with the row height that wraps the `wrappable` text columns
+    when they must give way (None: one line)."""
+    px = {c: widths.column_px(h, shown[c].astype(str), bold=c in bold) for c, h in heads.items()}
+    return widths.fit(px, {c: (heads[c], shown[c].astype(str).tolist()) for c in wrappable if c in px})
 
 
 def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_setup: bool,
@@ -229,23 +238,34 @@ def _paper_table(snap: data.Snapshot, ids: list[str], target: float, include_set
         return
     st.subheader("Beside the FedCache paper")
     number, text = st.column_config.NumberColumn, st.column_config.TextColumn
-    # numbers underneath (a click on a header sorts by them), units and reasons on screen (data.sortable_paper_table)
-    st.dataframe(data.sortable_paper_table(frame), hide_index=True, width="stretch", column_config={
-        "run_id": None, "table": number("table", format="%d"),
-        "maua": number("MAUA"), "paper_maua": number("paper MAUA"),
-        "difference": number("difference (points)"),
-        "gb_total": number("bytes total"),
-        "gb_to_target": number(f"bytes to {target:.0%}"),
-        "paper_gb": number("paper GB to its target"),
-        "speedup": number(f"speed-up to {target:.0%}", help="bytes to the target, against the selected run of the "
-                                                           "paper's reference method of that table (same setting)"),
-        "paper_speedup": number("paper speed-up"),
-        "reference": text("reference", help="the paper's reference method of the table: pFedMe (Table 5), "
-                                            "FedDKC (Table 6)")})
+    styler = data.sortable_paper_table(frame)
+    # what the grid draws: the text of each number, and the placeholder where there is no number
+    on_screen = data.paper_display(frame).where(styler.data.notna(), "—")
+    heads = {"run": "run", "table": "table", "maua": "MAUA", "paper_maua": "paper MAUA", "difference": "Δ (points)",
+             "gb_total": "bytes", "gb_to_target": f"to {target:.0%}", "paper_gb": "paper GB",
+             "speedup": "speed-up", "paper_speedup": "paper speed-up"}
+    px, rows = fitted(on_screen, heads, wrappable=("run",))
+    # numbers underneath (a click on a header sorts by them), units on screen (data.sortable_paper_table); a cell
+    # without a number shows "—", and the caption says why
+    st.dataframe(styler, hide_index=True, width="stretch", row_height=rows, placeholder="—", column_config={
+        "run_id": None, "run": text("run", width=px["run"]), "table": number("table", format="%d", width=px["table"]),
+        "maua": number("MAUA", width=px["maua"]), "paper_maua": number("paper MAUA", width=px["paper_maua"]),
+        "difference": number(heads["difference"], width=px["difference"], help="MAUA minus the paper's, in points"),
+        "gb_total": number("bytes", width=px["gb_total"], help="the run's bytes, up + down"),
+        "gb_to_target": number(heads["gb_to_target"], width=px["gb_to_target"],
+                               help="the run's cumulative bytes when its mean accuracy first reaches the target"),
+        "paper_gb": number("paper GB", width=px["paper_gb"], help="the paper's GB to its own target accuracy"),
+        "speedup": number("speed-up", width=px["speedup"],
+                          help=f"bytes to {target:.0%}, against the selected run of the paper's reference method of "
+                               "that table (same setting)"),
+        "paper_speedup": number("paper speed-up", width=px["paper_speedup"]),
+        "reference": None})  # in the caption
+    references = ", ".join(f"Table {t}: {r}" for t, r in dict(zip(frame["table"], frame["reference"])).items())
+    missing = [f"{run} ({why})" for run, why in zip(frame["run"], frame["speedup_why"]) if why]
     st.caption("The paper's figures (paper/fedcache_tables.csv) are at its scale: K = 300 clients, all training "
-               "samples, up to 1,000 rounds, and GB to its own target accuracy per dataset; empty where the paper "
-               "prints '-'. A speed-up is empty when no run of the reference method is selected or a run misses "
-               "the target.")
+               "samples, up to 1,000 rounds, and GB to its own target accuracy per dataset. Speed-ups against the "
+               f"paper's reference method of each table ({references}). —: no figure (the paper prints '-', or the "
+               "run has none)" + (f"; no speed-up for {', '.join(missing)}" if missing else "") + ".")
 
 
 def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], target: float, include_setup: bool,
@@ -254,7 +274,7 @@ def _group_table(snap: data.Snapshot, table: pd.DataFrame, ids: list[str], targe
     its 95% interval, the rest mean ± std)."""
     groups = data.group_table(snap, table, ids, series)
     number = st.column_config.NumberColumn  # sorting by the means, showing mean ± std (data.sortable_group_table)
-    st.dataframe(data.sortable_group_table(groups), hide_index=True, width="stretch", column_config={
+    st.dataframe(data.sortable_group_table(groups), hide_index=True, width="stretch", placeholder="—", column_config={
         "group": "runs (seed group)",
         "maua": number("MAUA [95% CI]", help="the max mean user accuracy over the seeds, with its 95% interval (3 "
                                              "or more seeds: a t interval over them; fewer: a bootstrap over clients)"),

@@ -20,7 +20,7 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts as charts_mod
-from dashboard import data, sample_data
+from dashboard import data, sample_data, widths
 from dashboard.app import TABS
 from pipeline.results.store import ResultsDB
 
@@ -451,6 +451,75 @@ def test_the_clients_tables_fit_a_1280_px_window(app, sample):
     assert shown.index("up: set-up") < shown.index("up: knowledge") < shown.index("down: knowledge")
     fedcache = client_bytes.value.set_index("run").loc["fedcache/homo aaaaaa"]
     assert fedcache["up: set-up"].endswith(("B", "KB")) and fedcache["down: knowledge"] != "—"
+
+
+def on_screen(el) -> pd.DataFrame:
+    """The text the grid draws in each cell: the Styler's text, or the value in its column's format (at most as
+    long: 'percent' with two decimals, a printf format), where there is a value, and the element's placeholder
+    where there is none ("None" when it has no placeholder)."""
+    placeholder = el.proto.placeholder if el.proto.HasField("placeholder") else "None"
+    text = shown(el).copy()
+    if not el.proto.arrow_data.styler.display_values:
+        for c, conf in json.loads(el.proto.columns).items():
+            fmt = conf.get("type_config", {}).get("format")
+            if c in text and fmt:
+                text[c] = [f"{v:.2%}" if fmt == "percent" else fmt % v for v in el.value[c]]
+    return text.astype(str).where(el.value.notna().to_numpy(), placeholder)
+
+
+def assert_nothing_cut(el, bold=("maua", "bytes_total")) -> None:
+    """Every shown column's header and every text the grid draws in it fit the column's width, in the grid's font
+    (dashboard.widths: 14 px Source Sans measured in Chromium, 8 px padding each side): on one line, or, in a text
+    column of a table whose rows are tall enough to wrap, in the row's lines. `bold`: columns with bold (marked)
+    cells."""
+    config = json.loads(el.proto.columns)
+    lines = el.proto.row_height // widths.LINE_PX if el.proto.row_height > 64 else 1
+    texts = on_screen(el)
+    for c in [c for c in el.value.columns if not config.get(c, {}).get("hidden")]:
+        width, label = config[c]["width"], config[c].get("label", c)
+        assert widths.text_px(label) + widths.PADDING_PX <= width, (c, label, width)
+        wraps = lines > 1 and config[c].get("type_config", {}).get("type") == "text"
+        for text in texts[c]:
+            if wraps:
+                assert widths.wrapped_lines(text, width) <= lines, (c, text, width)
+            else:
+                assert widths.text_px(text, bold=c in bold) + widths.PADDING_PX <= width, (c, text, width)
+
+
+def test_the_paper_table_fits_a_1280_px_window_and_shows_no_none(app, mixed):
+    """Issue 37: the paper's figures beside the runs drew "None" where the paper prints '-' (the grid draws its
+    placeholder for a missing number, whatever the Styler's text) and scrolled sideways at 1280 px."""
+    path, ids = mixed
+    at = app(FEDCACHE_RESULTS_DB=path)
+    assert_clean(at)
+    paper = paper_table(at)
+    assert {"run", "maua", "paper_maua", "gb_total", "speedup", "paper_speedup"} <= set(_fits(paper))
+    drawn = on_screen(paper)
+    assert "None" not in drawn.to_string() and drawn.iloc[0]["paper_maua"] == "—"
+    assert_nothing_cut(paper, bold=())  # no marked cells
+    caption = texts(at, "caption")
+    assert "—: no figure (the paper prints '-'" in caption and "no speed-up for fedcache/homo aaaaa1 (no pfedme" in caption
+    assert "Table 5: pfedme" in caption  # the reference method, out of the grid
+
+
+def test_every_table_shows_its_texts_whole(app, mixed):
+    """Issue 37: headers and cells cut off ('ot reached' for 'not reached' in a 70 px column): every column of the
+    comparison table, the paper's and the Clients tab's is as wide as its header and its longest text."""
+    path, ids = mixed
+    at = app(FEDCACHE_RESULTS_DB=path)
+    at.number_input(key="target").set_value(0.95).run()  # nobody reaches it: 'not reached' in the bytes column
+    assert (shown(at.dataframe[0])["bytes_to_target"] == "not reached").all()
+    for el in at.dataframe:  # the comparison table (its MAUA and bytes marked bold) and the paper's
+        assert_nothing_cut(el, bold=() if "paper_maua" in el.value else ("maua", "bytes_total"))
+        assert "None" not in on_screen(el).to_string()
+    at.sidebar.multiselect(key="runs").select(ids["killed"]).run()  # a status column, with a long status
+    assert_clean(at)
+    assert "status" in _fits(at.dataframe[0]) and at.dataframe[0].proto.row_height > 64  # wrapped to fit
+    assert_nothing_cut(at.dataframe[0])
+    open_tab(at, "Clients")
+    assert_clean(at)
+    for el in at.dataframe:
+        assert_nothing_cut(el, bold=())
 
 
 def test_params_view_diffs_n_runs(app, sample):

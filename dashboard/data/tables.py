@@ -101,10 +101,13 @@ def paper_frame(snap: Snapshot, run_ids: list[str], target: float, include_setup
 PAPER_PRINTS_NONE = "— (the paper prints '-')"
 
 
-def sortable_paper_table(frame: pd.DataFrame) -> Styler:
-    """paper_frame for people, sorting by its numbers: percentages, bytes in KB/MB/GB (the paper's GB as
-    GB), speed-ups as '12.3x', and '—' with the reason where there is no number."""
-    shown = frame.copy().reset_index(drop=True)
+PAPER_SHOWN = ["maua", "paper_maua", "difference", "gb_total", "gb_to_target", "paper_gb", "speedup", "paper_speedup"]
+
+
+def paper_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """paper_frame for people: percentages, bytes in KB/MB/GB (the paper's GB as GB), speed-ups as '12.3x', and
+    '—' with the reason where there is no number."""
+    shown = frame.copy().reset_index(drop=True).drop(columns=["speedup_why"])
 
     def percent(v, missing):
         return missing if v is None or pd.isna(v) else f"{v:.1%}"
@@ -120,11 +123,18 @@ def sortable_paper_table(frame: pd.DataFrame) -> Styler:
                         for v, why in zip(frame["speedup"], frame["speedup_why"])]
     shown["paper_speedup"] = [PAPER_PRINTS_NONE if v is None or pd.isna(v) else f"{v:.1f}x"
                               for v in frame["paper_speedup"]]
-    columns = ["maua", "paper_maua", "difference", "gb_total", "gb_to_target", "paper_gb", "speedup", "paper_speedup"]
+    return shown
+
+
+def sortable_paper_table(frame: pd.DataFrame) -> Styler:
+    """paper_display's text over paper_frame's numbers, each column sorting by its number; bytes to the target
+    'not reached' as +inf (after every number). A missing figure stays empty (NaN): the grid draws its
+    placeholder there, whatever the text."""
     values = frame.reset_index(drop=True).copy()
-    for col in columns:
+    for col in PAPER_SHOWN:
         values[col] = pd.to_numeric(values[col], errors="coerce").astype(float)
-    return shown_as(values.drop(columns=["speedup_why"]), shown, columns)
+    values["gb_to_target"] = values["gb_to_target"].fillna(math.inf)
+    return shown_as(values.drop(columns=["speedup_why"]), paper_display(frame), PAPER_SHOWN)
 
 
 NOT_REACHED = "not reached"
