@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
+import sys
 from pathlib import Path
 
 
@@ -25,3 +27,25 @@ def cpu_description() -> str:
         vector += ", AMX"
     return (f"{fields.get('model name', platform.processor())} (family {fields.get('cpu family', '?')}, model "
             f"{fields.get('model', '?')}; {vector}), {os.cpu_count()} CPUs")
+
+
+# the packages a run's figures depend on (accuracy: torch's kernels; bytes and timing: the rest of the stack)
+RECORDED_PACKAGES = ("torch", "torchvision", "numpy", "scipy", "faiss-cpu", "pydantic", "prefect", "dask", "dvc",
+                     "duckdb", "sqlalchemy")
+
+
+def run_environment() -> dict:
+    """What a run records about where and how it ran (beside its params and git revision): the exact command,
+    the working directory, Python, the recorded packages' versions (None: not installed), the platform and the CPU.
+    The engine adds the torch threads and device it computed with."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "cwd": os.getcwd(),
+            "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_description(),
+            "packages": {name: version(name) for name in RECORDED_PACKAGES}}

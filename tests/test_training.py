@@ -1,6 +1,11 @@
 """The round loop on a tiny real run: ledger bytes = payload sizes, MAUA and per-client bookkeeping,
 knowledge persisted to the SQL store, local-only sends nothing; rows in the run's own results file."""
 
+import json
+import os
+import shlex
+import sys
+
 import duckdb
 import numpy as np
 import pytest
@@ -53,7 +58,14 @@ def test_maua_and_per_client_bookkeeping(tiny_workspace, mnist):
                           [summary["run_id"]]).fetchall()
     rounds = con.execute("SELECT round, mean_acc FROM rounds WHERE run_id = ? ORDER BY round", [summary["run_id"]]).fetchall()
     status = con.execute("SELECT status, finished_at IS NOT NULL FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()
+    [environment] = con.execute("SELECT environment FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()
     con.close()
+    # the run's record: the exact command, the packages' versions, the CPU, the threads and device it computed with
+    environment = json.loads(environment)
+    assert environment["command"] == shlex.join(sys.orig_argv)
+    assert torch.__version__.startswith(environment["packages"]["torch"])  # 2.14.1 (+cu... in torch.__version__)
+    assert environment["cpu"].endswith(f"{os.cpu_count()} CPUs") and environment["device"] == "cpu"
+    assert environment["torch_threads"] == torch.get_num_threads()
     n_test = np.diff(part.test_offsets).tolist()
     for r, mean in rounds:
         mine = [c for c in clients if c[0] == r]

@@ -64,6 +64,9 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS experiment VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS changed JSON;
 -- what ran: the method plus its non-default knobs (pipeline.results.labels, issue 22); NULL in files from before it
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS label VARCHAR;
+-- where and how it ran (pipeline.machine.run_environment: command, packages, CPU; the engine's threads and device);
+-- NULL in files from before it
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS environment JSON;
 -- the simulated clock (issue 24; pipeline/federation/clock.py): when the round ended / a row's payload completed,
 -- simulated seconds from the run's start; NULL without devices.enabled and in files from before it
 ALTER TABLE rounds ADD COLUMN IF NOT EXISTS sim_time_s DOUBLE;
@@ -278,15 +281,18 @@ class ResultsDB:
             con.close()
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
-                  experiment: str | None = None, changed: dict | None = None, label: str | None = None) -> None:
-        """A new run's row; label: what ran (pipeline.results.labels.run_label), None: unknown."""
+                  experiment: str | None = None, changed: dict | None = None, label: str | None = None,
+                  environment: dict | None = None) -> None:
+        """A new run's row; label: what ran (pipeline.results.labels.run_label), None: unknown; environment: where
+        and how it ran (pipeline.machine.run_environment), None: unknown."""
         with self.connect() as con:
             con.execute(
                 "INSERT OR REPLACE INTO runs (run_id, algorithm, dataset, setting, params, git_rev, started_at, "
-                "finished_at, status, experiment, changed, label) "
-                "VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?, ?)",
+                "finished_at, status, experiment, changed, label, environment) "
+                "VALUES (?, ?, ?, ?, ?, ?, now(), NULL, 'running', ?, ?, ?, ?)",
                 [run_id, algorithm, dataset, setting, json.dumps(params), git_rev, experiment,
-                 None if changed is None else json.dumps(changed), label],
+                 None if changed is None else json.dumps(changed), label,
+                 None if environment is None else json.dumps(environment)],
             )
 
     def write_round(self, run_id: str, round_: int, mean_acc: float | None, bytes_up: int, bytes_down: int,
@@ -387,11 +393,12 @@ class RunResultsDB(ResultsDB):
     current run only: starting a new run deletes whatever an earlier run left there (stale or damaged)."""
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
-                  experiment: str | None = None, changed: dict | None = None, label: str | None = None) -> None:
+                  experiment: str | None = None, changed: dict | None = None, label: str | None = None,
+                  environment: dict | None = None) -> None:
         if self._held is not None:
             raise RuntimeError(f"{self.path}: start a run before held(), which would keep the file it replaces open")
         remove_db(self.path)
-        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed, label)
+        super().start_run(run_id, algorithm, dataset, setting, params, git_rev, experiment, changed, label, environment)
 
 
 # ----------------------------------------------------------------------------- the index

@@ -52,6 +52,7 @@ from pipeline import method_catalog
 from pipeline.capabilities import Supports, executor_for, refusals
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
+from pipeline.machine import run_environment
 from pipeline.torch_device import resolve_device
 from pipeline.errors import ConfigError
 from pipeline.federation.clients import Client, build_clients, on_split
@@ -343,6 +344,13 @@ class Trainer:
     def ledger(self) -> Ledger:
         return self.sim.ledger
 
+    def environment(self) -> dict:
+        """Where and how this run computes: the machine's record (pipeline.machine.run_environment) with the torch
+        threads and device, and the accelerator's name where there is one."""
+        device = self.sim.server.ctx.device
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        return {**run_environment(), "torch_threads": torch.get_num_threads(), "device": str(device), "gpu": gpu}
+
     @property
     def server(self) -> Server:
         """The method's server half."""
@@ -368,7 +376,7 @@ class Trainer:
         self.results.start_run(self.run_id, self.server.name, self.dataset_name, self.setting,
                                self.params.model_dump(mode="json", by_alias=True), info.git_revision,
                                experiment=info.experiment, changed=info.changed,
-                               label=run_label(self.params, self.server.name))
+                               label=run_label(self.params, self.server.name), environment=self.environment())
         start = time.perf_counter()
         self.timer.reset()
         with self.timer("exchange"):
