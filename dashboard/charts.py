@@ -40,12 +40,35 @@ def _runs_of(df: pd.DataFrame, runs: dict[str, str] | None) -> dict[str, str]:
     return dict(zip(df["run"], df["algorithm"])) if "algorithm" in df else {r: r.split("/")[0] for r in df["run"]}
 
 
-def _legend() -> alt.Legend:
+LABEL_LIMIT = 300  # px: a legend label is cut ('…') past this; run labels are shorter (about 6 px a character)
+TWO_COLUMNS_UP_TO = 24  # characters: longer labels take one legend column each (two would overflow a half-width chart)
+TITLE_CHARS = 40  # a title longer than this wraps onto lines of at most this many characters (Vega cuts it off at the
+# plot's width: about 45 characters in half of a 1280 px window)
+
+
+def legend_columns(labels) -> int:
+    """Two legend columns when every label is short, else one: a half-width chart's legend stays inside it."""
+    return 2 if max((len(str(x)) for x in labels), default=0) <= TWO_COLUMNS_UP_TO else 1
+
+
+def wrapped_title(text: str, chars: int = TITLE_CHARS) -> alt.TitleParams:
+    """A chart title wrapped at spaces onto lines of at most `chars` characters (Vega cuts a long one short: '…')."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return alt.TitleParams(text=lines if len(lines) > 1 else text)
+
+
+def _legend(labels=()) -> alt.Legend:
     """Runs' legend: a stroke per run, so a dashed run shows dashed."""
-    return alt.Legend(orient="bottom", columns=2, labelLimit=260, symbolType="stroke", symbolStrokeWidth=2.5)
+    return alt.Legend(orient="bottom", columns=legend_columns(labels), labelLimit=LABEL_LIMIT, symbolType="stroke",
+                      symbolStrokeWidth=2.5)
 
 
-def _decades(values: pd.Series) -> list[float]:
+def decades_of(values: pd.Series) -> list[float]:
     """Powers of ten from the one below the smallest value (strictly: a bar there would have no height)
     to the one above the largest, at least two."""
     lo, hi = (float(values.min()), float(values.max())) if len(values) else (2.0, 10.0)
@@ -53,7 +76,7 @@ def _decades(values: pd.Series) -> list[float]:
     return decades + [decades[-1] * 10] if len(decades) == 1 else decades
 
 
-def _log_bytes_y(decades: list[float], title: str) -> alt.Y:
+def log_bytes_y(decades: list[float], title: str) -> alt.Y:
     """A log bytes axis over the decades, ticked at each (1kB, 10kB, ...): no crowded labels in between."""
     return alt.Y("bytes:Q", title=title, scale=alt.Scale(type="log", domain=[decades[0], decades[-1]]),
                  axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
@@ -62,7 +85,7 @@ def _log_bytes_y(decades: list[float], title: str) -> alt.Y:
 def run_color(runs: dict[str, str], legend: bool | alt.Legend = True, field: str = "run",
               title: str = "run") -> alt.Color:
     """Each run (a value of `field`) in its method's colour; the legend lists the runs."""
-    legend = _legend() if legend is True else legend or None
+    legend = _legend(runs) if legend is True else legend or None
     return alt.Color(f"{field}:N", title=title, legend=legend,
                      scale=alt.Scale(domain=list(runs), range=[method_color(a) for a in runs.values()]))
 
@@ -77,23 +100,23 @@ def _repeats(runs: dict[str, str]) -> list[int]:
     return out
 
 
-BAR_LEGEND = alt.Legend(orient="bottom", columns=2, labelLimit=260, symbolType="square")
 BAR_OPACITY = [1.0, 0.5, 0.3, 0.75, 0.15]
 
 
 def run_bars(runs: dict[str, str]) -> dict:
     """Bar encodings (colour, opacity) of each run: its method's colour, a second run of the same method
     lighter (bars show no dash); one legend of squares."""
-    opacity = alt.Opacity("run:N", title="run", legend=BAR_LEGEND, scale=alt.Scale(
+    legend = alt.Legend(orient="bottom", columns=legend_columns(runs), labelLimit=LABEL_LIMIT, symbolType="square")
+    opacity = alt.Opacity("run:N", title="run", legend=legend, scale=alt.Scale(
         domain=list(runs), range=[BAR_OPACITY[k % len(BAR_OPACITY)] for k in _repeats(runs)]))
-    return {"color": run_color(runs, BAR_LEGEND), "opacity": opacity}
+    return {"color": run_color(runs, legend), "opacity": opacity}
 
 
 def run_dash(runs: dict[str, str], field: str = "run", title: str = "run") -> alt.StrokeDash:
     """Solid for the first shown run of each method, dashed for a second one of the same method (same
     colour); its legend merges with run_color's (same field, title and legend)."""
     dashes = [DASHES[k % len(DASHES)] for k in _repeats(runs)]
-    return alt.StrokeDash(f"{field}:N", title=title, legend=_legend(),
+    return alt.StrokeDash(f"{field}:N", title=title, legend=_legend(runs),
                           scale=alt.Scale(domain=list(runs), range=dashes))
 
 
@@ -121,7 +144,7 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
         curves = curves.dropna(subset=["sim_s"])
     else:
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
-    return alt.Chart(curves, title=title).mark_line(point=True).encode(
+    return alt.Chart(curves, title=wrapped_title(title)).mark_line(point=True).encode(
         x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
         tooltip=["run", "round", *_acc_tips(curves), alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"),
                  BYTES_TIP],
@@ -147,7 +170,7 @@ def accuracy_band(grouped: pd.DataFrame, groups: dict[str, str] | None = None, x
         tooltip=[alt.Tooltip("run:N", title="group"), "round", alt.Tooltip("mean_acc:Q", format=".2%", title="mean"),
                  alt.Tooltip("acc_min:Q", format=".2%", title="min"), alt.Tooltip("acc_max:Q", format=".2%", title="max"),
                  alt.Tooltip("n:Q", title="seeds"), BYTES_TIP])
-    return alt.layer(band, line).properties(title=title, height=HEIGHT)
+    return alt.layer(band, line).properties(title=wrapped_title(title), height=HEIGHT)
 
 
 def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
@@ -155,7 +178,7 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
     """Log-x lines; runs that send nothing (cumulative 0 B) become dashed rules at their MAUA."""
     runs = _runs_of(curves, runs)
     sent = curves[curves["cum_bytes"] > 0]
-    decades = _decades(sent["cum_bytes"])
+    decades = decades_of(sent["cum_bytes"])
     title = "Mean user accuracy vs cumulative bytes (up + down)"
     base = alt.Chart(sent).mark_line(point=True).encode(
         # ticks at the decades only (10KB, 100KB, 1MB ...): in-between labels overlapped in SVG/PDF
@@ -165,10 +188,10 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
         tooltip=["run", "round", *_acc_tips(curves), BYTES_TIP],
     ).properties(height=HEIGHT).interactive()  # wheel zooms, drag pans; a double click resets
     if zero_byte_runs.empty:
-        return base.properties(title=title)
+        return base.properties(title=wrapped_title(title))
     rules = alt.Chart(zero_byte_runs).mark_rule(strokeDash=[6, 4]).encode(
         y="maua:Q", color=run_color(runs), tooltip=["run", alt.Tooltip("maua:Q", format=".2%", title="MAUA (0 bytes)")])
-    return alt.layer(base, rules).properties(title=title)
+    return alt.layer(base, rules).properties(title=wrapped_title(title))
 
 
 def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
@@ -185,7 +208,7 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
         if c not in points:
             points[c] = points["maua"]
     sent, free = points[points["bytes"] > 0], points[points["bytes"] == 0]
-    decades = _decades(sent["bytes"])
+    decades = decades_of(sent["bytes"])
     x = alt.X("bytes:Q", title="bytes to the last round (log; counted, exact)", scale=alt.Scale(type="log", domain=[
         decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
     y = alt.Y("maua:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
@@ -202,14 +225,20 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
         fillOpacity=alt.condition("datum.status == 'tied'", alt.value(0.35), alt.value(1.0)), tooltip=tips)
     best = sent[sent["status"] == "frontier"]
     stairs = alt.Chart(best).mark_line(interpolate="step-after", color="#555", strokeDash=[4, 3]).encode(x=x, y=y)
-    labels = alt.Chart(sent[sent["status"] != "off"]).mark_text(align="left", dx=9, dy=-9, fontSize=11).encode(
-        x=x, y=y, text="label:N")
-    layers = [stairs, bars, dots, labels]
+    # labels read away from the nearer edge: rightwards in the left half of the log axis, leftwards in the right half
+    # (a label to the right of the rightmost point ran out of the chart)
+    named = sent[sent["status"] != "off"]
+    middle = (math.log10(decades[0]) + math.log10(decades[-1])) / 2
+    right = named["bytes"].map(lambda b: math.log10(b) > middle)
+    labels = [alt.Chart(part).mark_text(align=align, dx=dx, dy=-9, fontSize=11).encode(x=x, y=y, text="label:N")
+              for part, align, dx in ((named[~right], "left", 9), (named[right], "right", -9)) if len(part)]
+    layers = [stairs, bars, dots, *labels]
     if not free.empty:
         layers.append(alt.Chart(free).mark_rect(opacity=0.12).encode(
             y=alt.Y("maua_low:Q", scale=alt.Scale(zero=False)), y2="maua_high:Q", color=color, tooltip=tips))
         layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y="maua:Q", color=color, tooltip=tips))
-    return alt.layer(*layers).properties(title="Accuracy against bytes: the Pareto frontier (filled, labelled)", height=HEIGHT)
+    return alt.layer(*layers).properties(title=wrapped_title("Accuracy against bytes: the Pareto frontier (filled, "
+                                                             "labelled)"), height=HEIGHT)
 
 
 def client_spread(best: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
@@ -227,7 +256,7 @@ def client_spread(best: pd.DataFrame, runs: dict[str, str] | None = None) -> alt
 def client_accuracy(history: pd.DataFrame, client_id: int, runs: dict[str, str] | None = None) -> alt.Chart:
     """0-100 % y axis; fit-x autosize, so the height is the plot's and the title and legend come on top."""
     runs = _runs_of(history, runs)
-    return alt.Chart(history, title=f"Client {client_id}: accuracy vs round").mark_line(point=True).encode(
+    return alt.Chart(history, title=wrapped_title(f"Client {client_id}: accuracy vs round")).mark_line(point=True).encode(
         x=alt.X("round:Q", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("acc:Q", title="accuracy", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5)),
         color=run_color(runs), strokeDash=run_dash(runs),
@@ -241,12 +270,12 @@ def bytes_by_family(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt
     log axis would misstate the parts)."""
     df = df[df["bytes"] > 0]
     runs = _runs_of(df, runs)
-    decades = _decades(df["bytes"])
+    decades = decades_of(df["bytes"])
     flows = list(dict.fromkeys(df["flow"]))  # data.bytes_by_family's order: set-up, knowledge, parameters, features
     return alt.Chart(df, title="Bytes by what they carry and direction").mark_bar().encode(
         x=alt.X("flow:N", title=None, sort=flows, axis=alt.Axis(labelAngle=0, labelLimit=160)),
         xOffset=alt.XOffset("run:N", sort=list(runs)),
-        y=_log_bytes_y(decades, "bytes (log)"),
+        y=log_bytes_y(decades, "bytes (log)"),
         y2=alt.datum(decades[0]),  # bars rise from the axis' bottom decade: a log axis has no 0
         **run_bars(runs),
         tooltip=["run", alt.Tooltip("flow:N", title="traffic"), alt.Tooltip("kinds:N", title="payload kinds"),
@@ -261,7 +290,7 @@ def bytes_per_round(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt
     runs = _runs_of(df, runs)
     return alt.Chart(df, title="Bytes per round (up + down), all selected runs").mark_line(point=True).encode(
         x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
-        y=_log_bytes_y(_decades(df["bytes"]), "bytes per round (log)"),
+        y=log_bytes_y(decades_of(df["bytes"]), "bytes per round (log)"),
         color=run_color(runs), strokeDash=run_dash(runs),
         tooltip=["run", "round", alt.Tooltip("up:Q", format=",", title="up (B)"),
                  alt.Tooltip("down:Q", format=",", title="down (B)"), alt.Tooltip("bytes:Q", format=",", title="total (B)")],
@@ -275,61 +304,6 @@ def label_heatmap(mix: pd.DataFrame) -> alt.Chart:
         color=alt.Color("count:Q", title="samples", scale=alt.Scale(scheme="blues")),
         tooltip=["client_id", "class", "count", alt.Tooltip("share:Q", format=".1%"), "test_count"],
     ).properties(height=max(200, 14 * mix["client_id"].nunique()))
-
-
-def _swept_x(points: pd.DataFrame, key: str) -> alt.X:
-    """The swept values, each a tick: a log axis when they are positive numbers spanning a decade or more
-    (R 1-256, alpha 1-10, data shares 0.33-20 %: the paper's figures space them evenly), else linear;
-    names (an encoder) as categories in the sweep's order."""
-    values = list(dict.fromkeys(points["value"]))
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        return alt.X("value:N", title=key, sort=[str(v) for v in values], axis=alt.Axis(labelAngle=0))
-    log = min(values) > 0 and max(values) >= 10 * min(values)
-    return alt.X("value:Q", title=f"{key}{' (log)' if log else ''}", axis=alt.Axis(values=values, format="~g"),
-                 scale=alt.Scale(type="log" if log else "linear", nice=False, zero=False, padding=12))
-
-
-def _ablation_lines(points: pd.DataFrame) -> dict[str, str]:
-    """line label -> method, for the colour (and, when an ablation has both settings, dash) scales."""
-    return dict(zip(points["line"], points["algorithm"]))
-
-
-ABLATION_TIP = ["line", "value", alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
-                alt.Tooltip("maua_low:Q", format=".2%", title="95% low"),
-                alt.Tooltip("maua_high:Q", format=".2%", title="95% high"),
-                alt.Tooltip("bytes:Q", format=",", title="bytes"), alt.Tooltip("seeds:Q", title="seeds"), "runs"]
-
-
-def ablation_maua(points: pd.DataFrame, key: str) -> alt.Chart:
-    """MAUA against the swept value, one line per method in its colour (the paper's Figs. 6 and 7), each point
-    with its 95% interval as an error bar: two values whose bars overlap may well be tied."""
-    points = points.dropna(subset=["maua"]).assign(value=lambda d: d["value"].map(_plain))
-    lines = _ablation_lines(points)
-    base = alt.Chart(points).encode(
-        x=_swept_x(points, key), color=run_color(lines, field="line", title="method"))
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("maua:Q", title="MAUA (95% interval)", scale=alt.Scale(zero=False), axis=alt.Axis(format="%")),
-        strokeDash=run_dash(lines, field="line", title="method"), tooltip=ABLATION_TIP)
-    bars = base.transform_filter("isValid(datum.maua_low)").mark_rule(opacity=0.6).encode(
-        y="maua_low:Q", y2="maua_high:Q", tooltip=ABLATION_TIP)
-    return alt.layer(line, bars).properties(title=f"MAUA vs {key}", height=HEIGHT)
-
-
-def ablation_bytes(points: pd.DataFrame, key: str) -> alt.Chart:
-    """Bytes communicated (to each run's last round) against the swept value on a log axis, one line per
-    method; methods that send nothing are left out (a log axis has no 0)."""
-    points = points[points["bytes"] > 0].assign(value=lambda d: d["value"].map(_plain))
-    lines = _ablation_lines(points)
-    return alt.Chart(points, title=f"Bytes communicated vs {key}").mark_line(point=True).encode(
-        x=_swept_x(points, key), y=_log_bytes_y(_decades(points["bytes"]), "bytes, up + down (log)"),
-        color=run_color(lines, field="line", title="method"), strokeDash=run_dash(lines, field="line", title="method"),
-        tooltip=ABLATION_TIP,
-    ).properties(height=HEIGHT)
-
-
-def _plain(value):
-    """A swept value as the chart takes it: numbers as floats, anything else as its text."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 # The knowledge cache's metrics (dashboard.data.CACHE_METRICS) as the Cache tab draws them: title, y axis, tooltip
@@ -350,7 +324,8 @@ def _run_shape(runs: dict[str, str]) -> alt.Shape:
     """Points of a second run of the same method in another shape (its lines' dash tells teacher from students);
     merged into run_color's legend (same field, title and legend)."""
     shapes = [RUN_SHAPES[k % len(RUN_SHAPES)] for k in _repeats(runs)]
-    return alt.Shape("run:N", title="run", legend=alt.Legend(orient="bottom", columns=2, labelLimit=260),
+    return alt.Shape("run:N", title="run", legend=alt.Legend(orient="bottom", columns=legend_columns(runs),
+                                                             labelLimit=LABEL_LIMIT),
                      scale=alt.Scale(domain=list(runs), range=shapes))
 
 
@@ -360,9 +335,14 @@ def cache_metric(stats: pd.DataFrame, metric: str, runs: dict[str, str] | None =
     title, y_title, fmt, y_scale = CACHE_CHARTS[metric]
     runs = _runs_of(stats, runs)
     df = stats.dropna(subset=[metric])[["run", "round", metric]]
-    return alt.Chart(df, title=title).mark_line(point=True).encode(
+    if metric == "cache_staleness":  # an age in rounds: from 0 to at least 1 round, so equal ages draw no flat axis
+        top = max(1.0, math.ceil(float(df[metric].max()))) if len(df) else 1.0
+        y_scale, axis = alt.Scale(domain=[0, top], nice=False), alt.Axis(format="~g", tickMinStep=0.1)
+    else:
+        axis = alt.Axis(format="%") if fmt == "%" else alt.Axis(format="~g")
+    return alt.Chart(df, title=wrapped_title(title)).mark_line(point=True).encode(
         x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y(f"{metric}:Q", title=y_title, scale=y_scale, axis=alt.Axis(format="%") if fmt == "%" else alt.Axis()),
+        y=alt.Y(f"{metric}:Q", title=y_title, scale=y_scale, axis=axis),
         color=run_color(runs), strokeDash=run_dash(runs),
         tooltip=["run", "round", alt.Tooltip(f"{metric}:Q", format=".2%" if fmt == "%" else fmt, title=y_title)],
     ).properties(height=HEIGHT)
@@ -381,13 +361,15 @@ def teacher_vs_students(stats: pd.DataFrame, runs: dict[str, str] | None = None)
     tips = ["run", "round", "curve", alt.Tooltip("acc:Q", format=".2%", title="accuracy")]
     base = alt.Chart(df).encode(x=x, y=y, tooltip=tips)
     # two layers, so that each legend draws its own symbols: dashes from the lines, runs from the points
-    run_legend = alt.Legend(orient="bottom", columns=2, labelLimit=260)
+    run_legend = alt.Legend(orient="bottom", columns=legend_columns(runs), labelLimit=LABEL_LIMIT)
     lines = base.mark_line().encode(
         color=run_color(runs, run_legend),
+        # on top: at the bottom, beside the runs' legend, it ran out of a half-width chart
         strokeDash=alt.StrokeDash("curve:N", title=None, sort=curves, legend=alt.Legend(
-            orient="bottom", symbolType="stroke", symbolStrokeWidth=2.5, labelLimit=260),
+            orient="top", symbolType="stroke", symbolStrokeWidth=2.5, labelLimit=LABEL_LIMIT),
             scale=alt.Scale(domain=curves, range=list(TEACHER_CURVES.values()))))
     points = base.mark_point(filled=True, size=45, opacity=1).encode(color=run_color(runs, run_legend),
                                                                      shape=_run_shape(runs))
-    return alt.layer(lines, points).properties(title="Teacher accuracy (cache) vs the students' mean user accuracy",
+    return alt.layer(lines, points).properties(title=wrapped_title("Teacher accuracy (cache) vs the students' mean "
+                                                                   "user accuracy"),
                                                height=HEIGHT)

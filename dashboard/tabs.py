@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, stages
+from dashboard import ablation_charts, charts, data, stages
 from dashboard.config import Config
 from dashboard.views import figure_downloads, fitted
 from pipeline.data import datasets
@@ -143,11 +143,11 @@ def view_ablations(snap: data.Snapshot, include_setup: bool) -> None:
         st.caption(note)
         left, right = st.columns(2)
         with left:
-            chart = charts.ablation_maua(part, key)
+            chart = ablation_charts.ablation_maua(part, key)
             st.altair_chart(chart, width="stretch")
             figure_downloads(chart, f"maua_vs_{key}", f"fig_abl{n}_maua")
         with right:
-            chart = charts.ablation_bytes(part, key)
+            chart = ablation_charts.ablation_bytes(part, key)
             st.altair_chart(chart, width="stretch")
             figure_downloads(chart, f"bytes_vs_{key}", f"fig_abl{n}_bytes")
             silent = sorted(set(part.loc[part["bytes"] == 0, "line"]))

@@ -63,12 +63,14 @@ def app(sample, monkeypatch, repo_root):
 
 
 def charts(at: AppTest) -> dict[str, dict]:
-    """Vega-Lite specs by title, each with its data frames under '_frames'."""
+    """Vega-Lite specs by title (a title wrapped onto lines: its lines joined by spaces), each with its data frames
+    under '_frames'."""
     out = {}
     for el in at.get("vega_lite_chart"):
         spec = json.loads(el.proto.spec)
         title = spec.get("title") or spec.get("mark", {})
         title = title.get("text", json.dumps(title)) if isinstance(title, dict) else str(title)
+        title = " ".join(title) if isinstance(title, list) else title
         spec["_frames"] = [convert_arrow_bytes_to_pandas_df(d.data.data) for d in el.proto.datasets]
         if el.proto.data.data:
             spec["_frames"].append(convert_arrow_bytes_to_pandas_df(el.proto.data.data))
@@ -399,6 +401,35 @@ def test_cache_view(app, sample, tmp_path):
     assert_clean(at)
     note = texts(at, "info")
     assert "ran before FedCache recorded its cache" in note and "`make run`" in note
+
+
+def rendered_svg(el) -> str:
+    """A chart element drawn to SVG by vl-convert, as the browser draws it: its spec with its datasets inline."""
+    import vl_convert
+
+    spec = json.loads(el.proto.spec)
+    spec["datasets"] = {d.name: json.loads(convert_arrow_bytes_to_pandas_df(d.data.data).to_json(orient="records"))
+                        for d in el.proto.datasets}
+    return vl_convert.vegalite_to_svg(spec)
+
+
+def test_equal_staleness_draws_a_readable_axis(app, sample, tmp_path):
+    """Issue 37: when every round's staleness is the same (0: the cache rebuilt as it is read), the staleness chart
+    had a flat axis whose one tick read "0.000000"; now it spans 0 to 1 round, ticked 0, 0.2, ... 1."""
+    path = tmp_path / "results.duckdb"
+    shutil.copy(sample.results_db, path)
+    with ResultsDB(path).connect() as con:
+        con.execute("UPDATE round_metrics SET value = 0 WHERE name = 'cache_staleness'")
+    at = app(FEDCACHE_RESULTS_DB=path, run=False)
+    at.query_params = {"runs": [sample.run_ids["fedcache"]], "tab": "Cache"}
+    at.run()
+    assert_clean(at)
+    spec = charts(at)[CACHE_TITLES["cache_staleness"]]
+    assert set(frame(spec)["cache_staleness"]) == {0.0}
+    assert spec["encoding"]["y"]["scale"]["domain"] == [0, 1]
+    [el] = [e for e in at.get("vega_lite_chart") if "Staleness" in e.proto.spec]
+    ticks = re.findall(r"<text[^>]*>([^<]*)</text>", rendered_svg(el))
+    assert "0.000000" not in ticks and "0" in ticks and "1" in ticks, ticks
 
 
 def test_partition_view(app, sample):

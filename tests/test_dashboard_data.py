@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard import charts, data, sample_data, stages
+from dashboard import ablation_charts, charts, data, sample_data, stages
 from dashboard.config import load_config
 from pipeline.experiments.dvc import flatten
 from pipeline.results.intervals import run_interval
@@ -635,14 +635,14 @@ def test_ablation_points_per_swept_value_and_method(tmp_path):
             == series[ids[("partition.alpha", 1.0, "fedcache")]].total_bytes
             - series[ids[("partition.alpha", 1.0, "fedcache")]].setup_bytes)
     # the charts: the method's colour, a log x axis over a decade or more
-    spec = charts.ablation_maua(alpha, "partition.alpha").to_dict()["layer"][0]
+    spec = ablation_charts.ablation_maua(alpha, "partition.alpha").to_dict()["layer"][0]
     assert spec["encoding"]["x"]["scale"]["type"] == "log" and spec["encoding"]["x"]["axis"]["values"] == [1, 3, 10]
     assert dict(zip(spec["encoding"]["color"]["scale"]["domain"], spec["encoding"]["color"]["scale"]["range"])) == {
         "fd": charts.method_color("fd"), "fedcache": charts.method_color("fedcache")}
     narrow = alpha.assign(value=alpha["value"].map({1.0: 1.0, 3.0: 2.0, 10.0: 4.0}))  # under a decade: linear
-    assert charts.ablation_maua(narrow, "x").to_dict()["layer"][0]["encoding"]["x"]["scale"]["type"] == "linear"
+    assert ablation_charts.ablation_maua(narrow, "x").to_dict()["layer"][0]["encoding"]["x"]["scale"]["type"] == "linear"
     named = alpha.assign(value=alpha["value"].map({1.0: "hog", 3.0: "simhash", 10.0: "pixels"}))
-    assert charts.ablation_bytes(named, "encode.encoder").to_dict()["encoding"]["x"]["type"] == "nominal"
+    assert ablation_charts.ablation_bytes(named, "encode.encoder").to_dict()["encoding"]["x"]["type"] == "nominal"
 
 
 def test_default_selection_prefers_workspace_runs_to_sweep_runs(tmp_path):
