@@ -9,7 +9,8 @@ the runs' MAUA and final accuracy have 95% intervals (pipeline.results.intervals
 
 Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
 finished ones), write_seed_runs (3 seeds of one configuration), write_tied_runs (two runs whose paired
-difference is tied), write_ablation_runs (sweep runs for the Ablations tab); and write_bench_runs /
+difference is tied), write_ablation_runs (sweep runs for the Ablations tab), write_pdfl_runs (a decentralized
+run, whose traffic goes from client to client); and write_bench_runs /
 build_bench (20 runs of 30 clients and 30 rounds, for bench/dashboard_load.py --fake-runs).
 
 Used by the dashboard tests and the browser test; try it with
@@ -37,6 +38,7 @@ TEST_PER_CLIENT, VAL_PER_CLIENT = 20, 10  # each client's test and validation sp
 BYTES_PER_LOGIT_ROW = 8 + 4 * C  # int64 id + float32 logits (up); knowledge down is 4 * C
 MODEL_BYTES = 20_000  # FedAvg: one model each way per client and round
 SERVER = -1  # comm rows' peer: the server
+PDFL_KNOWLEDGE_BYTES = C * C * 4 + C * 8  # pDFL's knowledge per edge: float32 P [C, C] and int64 class counts [C]
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
                          (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
     if algorithm in ("fedavg", "pfedme", "mtfl") and rnd > 0:  # whole models, each way
         comm += [(rnd, k, d, "params", MODEL_BYTES, SERVER) for k in range(len(sizes)) for d in ("up", "down")]
+    if algorithm == "pdfl" and rnd > 0:  # pDFL: each client's model and knowledge to its two ring neighbours, counted
+        for k in range(len(sizes)):      # once, on the sender's side: "up", the receiving client as peer (no server)
+            for j in ((k - 1) % len(sizes), (k + 1) % len(sizes)):
+                comm += [(rnd, k, "up", "model", MODEL_BYTES, j), (rnd, k, "up", "knowledge", PDFL_KNOWLEDGE_BYTES, j)]
     if algorithm == "fd" and rnd > 0:  # FD: per class, int64 class id + float32 mean logits, each way
         comm += [(rnd, k, d, "class_logits", C * BYTES_PER_LOGIT_ROW, SERVER) for k in range(len(sizes))
                  for d in ("up", "down")]
@@ -204,6 +210,17 @@ def write_timed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     write_run(db, ids["fedavg"], "fedavg", "homo", params_for(root), sizes, curve(0.78), seed=2, sim_s=5.0,
               label="fedavg (schedule=deadline)")
     write_run(db, ids["local"], "local", "homo", params_for(root), sizes, curve(0.65), seed=3)
+    return ids
+
+
+def write_pdfl_runs(db: ResultsDB, root: Path) -> dict[str, str]:
+    """A decentralized run beside a server's: pDFL on a ring (every client sends its model and knowledge to its two
+    neighbours each round; the ledger's rows are "up" for the sender, the receiver as peer) and FedAvg. Returns
+    name -> run_id: pdfl, fedavg."""
+    sizes = np.full(K, PER_CLIENT)
+    ids = {"pdfl": "pdfl-20260701-000000-peers1", "fedavg": "fedavg-20260701-000100-server"}
+    write_run(db, ids["pdfl"], "pdfl", "homo", params_for(root), sizes, curve(0.76), seed=51)
+    write_run(db, ids["fedavg"], "fedavg", "homo", params_for(root), sizes, curve(0.78), seed=52)
     return ids
 
 

@@ -68,7 +68,9 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
     with_bytes = list(runs)
     st.altair_chart(charts.bytes_by_family(totals, runs), width="stretch")
     st.caption("What the bytes carry: set-up (FedCache's hashes), knowledge (logits, soft labels), parameters "
-               "(models, blocks, pDFL's feedback copies), features (prototypes, GKT's feature maps).")
+               "(models, blocks, pDFL's feedback copies), features (prototypes, GKT's feature maps). Without a server "
+               "(pDFL), what a client sends its peers is up for it and down for each peer that receives it: one "
+               "transfer, counted once in the totals.")
     st.altair_chart(charts.bytes_per_round(data.bytes_per_round(snap, include_setup), runs), width="stretch")
     silent = [snap.label(r) for r in ids if snap.label(r) not in with_bytes]
     if silent:

@@ -341,6 +341,34 @@ def test_communication_view(app, sample):
     assert "local/homo bbbbbb" in texts(at, "caption")  # listed as sending nothing
 
 
+def test_a_decentralized_runs_downloads_are_what_its_clients_receive_from_peers(app, sample, tmp_path):
+    """Issue 37: pDFL's traffic is one ledger row per payload, "up" for the sender with the receiver as peer; its
+    download columns read "—". A client's downloads are now the bytes its peers sent it (Clients tab), and the
+    Communication tab has pDFL's "down" bars and per-round downloads, its totals counting each transfer once."""
+    path = tmp_path / "pdfl.duckdb"
+    ids = sample_data.write_pdfl_runs(ResultsDB(path), sample.root)
+    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Clients")
+    assert_clean(at)
+    client_bytes = next(d for d in at.dataframe if "up: parameters" in d.value.columns).value.set_index("run")
+    pdfl = client_bytes.loc["pdfl/homo peers1"]
+    per_edge = sample_data.ROUNDS * 2  # rounds x its two ring neighbours
+    assert pdfl["up: parameters"] == pdfl["down: parameters"] == data.fmt_bytes(per_edge * sample_data.MODEL_BYTES)
+    assert pdfl["down: knowledge"] == data.fmt_bytes(per_edge * sample_data.PDFL_KNOWLEDGE_BYTES)
+    assert "—" not in pdfl.to_string()
+    open_tab(at, "Communication")
+    assert_clean(at)
+    ch = charts(at)
+    flows = frame(ch["Bytes by what they carry and direction"]).query("run == 'pdfl/homo peers1'")
+    by_flow = flows.set_index("flow")["bytes"]
+    sent = sample_data.ROUNDS * sample_data.K * 2 * sample_data.MODEL_BYTES
+    assert by_flow["parameters up"] == by_flow["parameters down"] == sent
+    per_round = frame(ch["Bytes per round (up + down), all selected runs"]).query("run == 'pdfl/homo peers1'")
+    assert (per_round["down"] == per_round["up"]).all() and (per_round["bytes"] == per_round["up"]).all()
+    at = app(FEDCACHE_RESULTS_DB=path)  # the comparison table's bytes: each transfer once
+    total = at.dataframe[0].value.set_index("run_id").at[ids["pdfl"], "bytes_total"]
+    assert total == sent + sample_data.ROUNDS * sample_data.K * 2 * sample_data.PDFL_KNOWLEDGE_BYTES
+
+
 def test_colour_per_method_whatever_the_selection(app, sample):
     ids = sample.run_ids
     at = app()

@@ -259,14 +259,21 @@ METRIC_COLUMNS = ["run_id", "round", "name", "value"]
 CACHE_METRICS = ("cache_coverage", "cache_staleness", "cache_teacher_acc", "cache_teacher_entropy")
 
 
+# the peers' payloads as their receivers' downloads (`cols`: the round, or the receiver as client_id)
+RECEIVED = ("SELECT run_id, {cols}, 'down' AS direction, kind, sum(bytes)::BIGINT AS bytes, true AS received FROM comm "
+            "WHERE run_id IN ({{q}}) AND direction = 'up' AND peer_id >= 0 GROUP BY ALL")
+
+
 @dataclass
 class Snapshot:
     """Everything the live views show, read in one connection."""
     runs: pd.DataFrame  # every run in the DB (see load_runs)
     rounds: pd.DataFrame  # run_id, round, mean_acc, bytes_up, bytes_down, wall_s (selected runs)
     clients: pd.DataFrame  # run_id, round, client_id, acc, n_test, val_acc, n_val
-    comm_rounds: pd.DataFrame  # run_id, round, direction, kind, bytes (summed over clients)
-    comm_clients: pd.DataFrame  # run_id, client_id, direction, kind, bytes (summed over rounds)
+    # run_id, round, direction, kind, bytes (summed over clients), received: True for the "down" rows that are a
+    # peer's "up" rows seen from the receiving client (decentralized methods: the same bytes, counted once in totals)
+    comm_rounds: pd.DataFrame
+    comm_clients: pd.DataFrame  # run_id, client_id, direction, kind, bytes (summed over rounds), received
     read_at: float = field(default_factory=time.time)
     # the rounds (as `rounds`) of every sweep run (ablation_runs), selected or not: the Ablations tab
     ablation_rounds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROUND_COLUMNS))
@@ -294,10 +301,10 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
         runs = _runs_frame(con)
         q = ", ".join("?" * len(ids)) or "NULL"
 
-        def read(table: str, sql: str, columns: list[str]) -> pd.DataFrame:
+        def read(table: str, sql: str, columns: list[str], twice: bool = False) -> pd.DataFrame:
             if not ids:
                 return pd.DataFrame(columns=columns)
-            return con.execute(sql.format(q=q), ids).df()
+            return con.execute(sql.format(q=q), ids * (2 if twice else 1)).df()
 
         rounds = read("rounds", "SELECT run_id, round, mean_acc, bytes_up, bytes_down, wall_s, sim_time_s FROM rounds "
                       "WHERE run_id IN ({q}) ORDER BY run_id, round", ROUND_COLUMNS)
@@ -312,12 +319,15 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
             pd.DataFrame(columns=CLIENT_COLUMNS)
         clients = read("client_rounds", "SELECT run_id, round, client_id, acc, n_test, val_acc, n_val "
                        "FROM client_rounds WHERE run_id IN ({q}) ORDER BY run_id, round, client_id", CLIENT_COLUMNS)
-        comm_rounds = read("comm", "SELECT run_id, round, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
-                           "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
-                           ["run_id", "round", "direction", "kind", "bytes"])
-        comm_clients = read("comm", "SELECT run_id, client_id, direction, kind, sum(bytes)::BIGINT AS bytes FROM comm "
-                            "WHERE run_id IN ({q}) GROUP BY ALL ORDER BY ALL",
-                            ["run_id", "client_id", "direction", "kind", "bytes"])
+        # a decentralized method's payload (pDFL's) is one ledger row, "up" for its sender with the receiving client as
+        # peer_id (pipeline/federation/ledger.py): read back as that client's "down" too, flagged `received`
+        comm_rounds = read("comm", f"SELECT run_id, round, direction, kind, sum(bytes)::BIGINT AS bytes, false AS received "
+                           f"FROM comm WHERE run_id IN ({{q}}) GROUP BY ALL UNION ALL {RECEIVED.format(cols='round')} "
+                           "ORDER BY ALL", ["run_id", "round", "direction", "kind", "bytes", "received"], twice=True)
+        comm_clients = read("comm", f"SELECT run_id, client_id, direction, kind, sum(bytes)::BIGINT AS bytes, false AS "
+                            f"received FROM comm WHERE run_id IN ({{q}}) GROUP BY ALL UNION ALL "
+                            f"{RECEIVED.format(cols='peer_id AS client_id')} ORDER BY ALL",
+                            ["run_id", "client_id", "direction", "kind", "bytes", "received"], twice=True)
         names = ", ".join(f"'{n}'" for n in CACHE_METRICS)
         metrics = read("round_metrics", f"SELECT run_id, round, name, value FROM round_metrics WHERE run_id IN ({{q}}) "
                        f"AND name IN ({names}) ORDER BY run_id, round, name", METRIC_COLUMNS)

@@ -76,7 +76,8 @@ def client_bytes(snap: Snapshot, client_id: int) -> pd.DataFrame:
 
 def client_bytes_table(snap: Snapshot, client_id: int) -> pd.DataFrame:
     """One row per run: the bytes client `client_id` sent ("up: knowledge") and received ("down: ...")
-    by what they carry (KIND_FAMILIES), up first, in FAMILY_ORDER; only the columns some run has."""
+    by what they carry (KIND_FAMILIES), up first, in FAMILY_ORDER; only the columns some run has. What a client
+    received from its peers (pDFL: their models and knowledge) is its "down"."""
     df = client_bytes(snap, client_id)
     if df.empty:
         return pd.DataFrame(columns=["run"])
@@ -143,15 +144,19 @@ def bytes_by_family(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
 
 
 def bytes_per_round(snap: Snapshot, include_setup: bool = True) -> pd.DataFrame:
-    """Bytes per run and round, up and down and their total (every selected run, one line each)."""
+    """Bytes per run and round, up and down and their total (every selected run, one line each). A peer's payload
+    (decentralized methods) is up for its sender and down for its receiver, and counts once in the total."""
     df = _traffic(snap, include_setup)
     columns = ["run", "run_id", "algorithm", "round", "up", "down", "bytes"]
     if df.empty:
         return pd.DataFrame(columns=columns)
+    received = df["received"].fillna(False).astype(bool) if "received" in df else pd.Series(False, index=df.index)
+    df = df.assign(direction=df["direction"].where(~received, "received"))
     out = df.pivot_table(index=["run", "run_id", "algorithm", "round"], columns="direction", values="bytes",
                          aggfunc="sum", fill_value=0).reset_index()
-    for direction in ("up", "down"):
+    for direction in ("up", "down", "received"):
         if direction not in out:
             out[direction] = 0
     out["bytes"] = out["up"] + out["down"]
+    out["down"] = out["down"] + out["received"]
     return out[columns].sort_values(["run", "round"]).reset_index(drop=True)
