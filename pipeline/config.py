@@ -31,6 +31,8 @@ ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mob
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
 from pipeline import method_catalog  # the methods' names and params classes, without their code
 from pipeline.capabilities import Supports, refusals
+from pipeline.encoding_spec import check_columns
+from pipeline.encoding_spec import parse as parse_encoding
 
 
 class Section(BaseModel):
@@ -38,6 +40,10 @@ class Section(BaseModel):
     # strict: a wrong type is an error, not coerced (`num_clients: yes` is not 1 client,
     # `alpha: "1.0"` is not a number); ints are still accepted where a float is expected.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# the classes of each dataset (pipeline/data/datasets.py names them; a test checks the counts agree)
+NUM_CLASSES = {"fashion_mnist": 10, "mnist": 10, "cifar10": 10}
 
 
 class DataParams(Section):
@@ -318,6 +324,12 @@ class CoreParams(Section):
             section = getattr(self, name, None)
             if not isinstance(section, MethodParams):
                 continue
+            for key in ("encode_up", "encode_down"):  # a distillation payload's rows hold one value per class
+                value = getattr(section, key, None)
+                why = None if value is None else check_columns(parse_encoding(value), NUM_CLASSES[self.data.dataset])
+                if why:
+                    raise ValueError(f"{name}.{key} = {value!r}: {why} ({self.data.dataset} has "
+                                     f"{NUM_CLASSES[self.data.dataset]} classes)")
             if name in t.algorithms or name in t.hetero_algorithms:  # what it supports (pipeline/capabilities.py)
                 found = refusals(name, section.supports, section, t.executor, t.schedule,
                                  name in t.hetero_algorithms)

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from boundary import tally_the_boundary
+from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
 from conftest import make_workspace, tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
@@ -102,7 +102,7 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
         assert all(p.dtype != torch.float32 for p in c.model.state_dict().values())  # really in float64
     _assert_same_state(seq, vec, atol=1e-9, rtol=1e-7)
     for trainer, tally in zip((seq, vec), crossed):  # the ledger counted every array that crossed, on both executors
-        assert trainer.ledger.total() == tally["bytes"], f"{method} on {type(trainer.executor).__name__}"
+        assert trainer.ledger.total() == tally["bytes"] == tally["serialized"], type(trainer.executor).__name__
 
 
 def test_the_byte_check_sees_an_array_that_crossed_uncounted(tiny_workspace, mnist):
@@ -162,25 +162,6 @@ def _assert_server_holds_no_client_object(trainer: Trainer) -> None:
         assert id(obj) not in owned, f"{server.name}'s server half holds {owned[id(obj)]}"
 
 
-def _assert_ledger_follows_the_declared_formula(trainer: Trainer) -> None:
-    """Every ledger row (round, client, direction, kind) weighs what the method's `wire` declares."""
-    server, ledger = trainer.server, trainer.ledger
-    wires = {c.id: server.wire(c.id) for c in trainer.clients}
-    rows = [row for r in sorted(ledger.counts) for row in ledger.rows(r)]
-    for r, k, direction, kind, size, _ in rows:
-        where = f"{server.name} round {r} client {k} {direction} {kind!r} ({size:,} B)"
-        wire = wires[k].get((direction, kind))
-        assert wire is not None, f"{where}: not declared in {type(server).__name__}.wire"
-        assert size % wire.unit == 0, f"{where}: not a whole number of {wire.unit}-byte units"
-        count = size // wire.unit
-        if wire.exact:
-            assert count == wire.count, f"{where}: {count} units of {wire.unit} B, declared {wire.count}"
-        else:
-            assert 1 <= count <= wire.count, f"{where}: {count} units of {wire.unit} B, declared 1..{wire.count}"
-    if server.name != "local":
-        assert rows, f"{server.name}: nothing was counted"
-
-
 @pytest.mark.parametrize("method, hetero", PARAMS)
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, method, hetero):
     """Round 1 and its checkpoint; the run's files copied aside then (what a process killed after round 1
@@ -195,7 +176,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnis
     shutil.copy(paths.CHECKPOINTS / "straight.pt", paths.CHECKPOINTS / "resumed.pt")
     _rounds(straight, range(2, 3))
     _assert_server_holds_no_client_object(straight)
-    _assert_ledger_follows_the_declared_formula(straight)
+    assert_ledger_follows_the_declared_formula(straight)
 
     resumed = _trainer(params, part, mnist, method, "resumed", hetero)
     assert resumed.start() == 2, "the run did not resume from its round-1 checkpoint"

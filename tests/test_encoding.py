@@ -12,7 +12,7 @@ import torch
 
 from pipeline.encoding_spec import check_columns, parse
 from pipeline.federation.encoding import (HARD_LABEL_LOGIT, NPY_HEADER, decode, encode, npy_bytes, pack_bits,
-                                          unpack_bits)
+                                          row_bytes, unpack_bits)
 
 SPECS = ["float32", "float16", "int8", "topk:1", "topk:3", "argmax", "delta:0", "delta:0.5", "delta:0.5+int8",
          "delta:0+float16"]
@@ -137,3 +137,13 @@ def test_float64_rows_stay_float64_where_the_encoding_is_exact():
     rows = _logits(5).double()
     assert encode(parse("float32"), "x", rows).decoded.dtype == torch.float64
     assert encode(parse("int8"), "x", rows).decoded.dtype == torch.float64
+
+
+@pytest.mark.parametrize("text", ["float32", "float16", "int8", "topk:3", "argmax"])
+def test_a_row_with_no_value_stays_so_and_rows_weigh_what_row_bytes_says(text):
+    rows = _logits(6)
+    rows[2] = float("nan")  # e.g. a sample without a teacher
+    enc = encode(parse(text), "x", rows)
+    assert torch.isnan(enc.decoded[2]).all() and not torch.isnan(enc.decoded[[0, 1, 3, 4, 5]]).any()
+    assert _counted(enc) == 6 * row_bytes(parse(text), 10)
+    assert row_bytes(parse("delta:0"), 10) is None

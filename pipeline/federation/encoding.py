@@ -31,6 +31,18 @@ class Encoded:
     decoded: torch.Tensor  # what the receiver holds after decoding them
 
 
+def row_bytes(spec: Spec, columns: int, fill: str = "logmeanexp") -> int | None:
+    """What one row weighs encoded (float32 values as computed); None for delta, which depends on what moved."""
+    if spec.kind == "delta":
+        return None
+    sizes = {"float32": 4 * columns, "float16": 2 * columns, "int8": columns + 8,
+             "argmax": torch.tensor([], dtype=column_dtype(columns + 1)).element_size()}
+    if spec.kind == "topk":
+        return spec.k * (4 + torch.tensor([], dtype=column_dtype(columns)).element_size()) + (4 if fill == "logmeanexp"
+                                                                                               else 0)
+    return sizes[spec.kind]
+
+
 def column_dtype(columns: int) -> torch.dtype:
     """The narrowest integer type that names a column."""
     return torch.uint8 if columns <= 256 else torch.int16 if columns <= 32768 else torch.int32
@@ -64,7 +76,8 @@ def encode(spec: Spec, name: str, rows: torch.Tensor, held: torch.Tensor | None 
         low = (rows.amin(dim=1) if d else torch.zeros(n, dtype=dtype)).float()
         step = ((rows.amax(dim=1).float() - low) / 255 if d else torch.zeros(n))
         safe = torch.where(step > 0, step, torch.ones_like(step))
-        q = torch.round((rows.float() - low[:, None]) / safe[:, None]).clamp(0, 255).to(torch.uint8)
+        codes = torch.round((rows.float() - low[:, None]) / safe[:, None]).clamp(0, 255)
+        q = torch.nan_to_num(codes, nan=0.0).to(torch.uint8)  # a NaN row keeps NaN in its minimum
         return Encoded({f"{name}.q": q, f"{name}.min": low, f"{name}.step": step},
                        _dequantize(q, low, step).to(dtype))
     if spec.kind == "topk":
@@ -76,8 +89,9 @@ def encode(spec: Spec, name: str, rows: torch.Tensor, held: torch.Tensor | None 
             dropped = rows.scatter(1, columns, float("-inf"))
             parts[f"{name}.rest"] = torch.logsumexp(dropped, dim=1) - math.log(d - spec.k)
         return Encoded(parts, decode(spec, name, parts, columns=d, fill=fill).to(dtype))
-    if spec.kind == "argmax":
-        parts = {f"{name}.argmax": rows.argmax(dim=1).to(column_dtype(d))}
+    if spec.kind == "argmax":  # a row with a NaN (no value: e.g. a sample without a teacher) travels as column d
+        labels = torch.where(torch.isnan(rows).any(dim=1), d, rows.argmax(dim=1))
+        parts = {f"{name}.argmax": labels.to(column_dtype(d + 1))}
         return Encoded(parts, decode(spec, name, parts, columns=d).to(dtype))
     if spec.kind == "delta":
         if held is None:
@@ -108,7 +122,9 @@ def decode(spec: Spec, name: str, parts: dict[str, torch.Tensor], held: torch.Te
     if spec.kind == "argmax":
         labels = parts[f"{name}.argmax"].long()
         out = torch.zeros(len(labels), columns)
-        out[torch.arange(len(labels)), labels] = HARD_LABEL_LOGIT
+        known = labels < columns
+        out[known.nonzero().flatten(), labels[known]] = HARD_LABEL_LOGIT
+        out[~known] = float("nan")
         return out
     if spec.kind == "delta":
         moved = unpack_bits(parts[f"{name}.sent"], len(held))

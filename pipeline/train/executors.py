@@ -210,7 +210,8 @@ class GroupRun:
         out = {}
         for name in downs[self.clients[0].id].arrays:
             first = downs[self.clients[0].id].arrays[name]
-            rows = torch.full((A * B, *first.shape[1:]), float("nan"), dtype=first.dtype)
+            pad = float("nan") if first.is_floating_point() else 0  # encoded answers may be integer codes
+            rows = torch.full((A * B, *first.shape[1:]), pad, dtype=first.dtype)
             for a in range(A):
                 rows[a * B:a * B + int(sizes[a])] = downs[self.clients[a].id].arrays[name]
             out[name] = rows.to(self.x.device)

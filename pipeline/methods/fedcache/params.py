@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.capabilities import Only, Supports
 from pipeline.config import MethodParams
+from pipeline.encoding_spec import Encoding
 
 
 class FedCacheParams(MethodParams):
@@ -34,3 +35,17 @@ class FedCacheParams(MethodParams):
     # official code's live order (docs/methods/fedcache.md, measured); the paper presets pin live
     consistency: Literal["live", "round", "step"] = "step"
     cold_start: Literal["skip", "zeros"] = "skip"
+    # how the logits travel up and the teachers down (pipeline/encoding_spec.py: float32, float16, int8, topk:K,
+    # argmax, delta:T[+E]); float32 as the paper sends them
+    encode_up: Encoding = "float32"
+    encode_down: Encoding = "float32"
+
+    @model_validator(mode="after")
+    def _delta_needs_rounds(self) -> "FedCacheParams":
+        for key in ("encode_up", "encode_down"):
+            value = getattr(self, key)
+            if value.startswith("delta") and self.consistency != "round":
+                raise ValueError(f"fedcache.{key} = {value!r} keeps the receiver's copy of every sample from round to "
+                                 f"round, which needs fedcache.consistency: round (it is {self.consistency!r}: its "
+                                 "exchange is per batch)")
+        return self
