@@ -237,8 +237,8 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
         layers.append(alt.Chart(free).mark_rect(opacity=0.12).encode(
             y=alt.Y("maua_low:Q", scale=alt.Scale(zero=False)), y2="maua_high:Q", color=color, tooltip=tips))
         layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y="maua:Q", color=color, tooltip=tips))
-    return alt.layer(*layers).properties(title=wrapped_title("Accuracy against bytes: the Pareto frontier (filled, "
-                                                             "labelled)"), height=HEIGHT)
+    return alt.layer(*layers).properties(title=alt.TitleParams(  # two lines: one is cut short in a narrow window
+        ["Accuracy against bytes:", "the Pareto frontier (filled, labelled)"]), height=HEIGHT)
 
 
 def client_spread(best: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Chart:
