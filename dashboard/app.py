@@ -5,10 +5,13 @@
 Layout only; the data comes from dashboard.data (the results index plus the per-run files of
 stages that ran since it was built) and dashboard.stages (partition, knowledge cache, params).
 The sidebar picks runs; below it, the tabs. Only the open tab's content runs (a click on another
-tab reruns the page and writes the tab into the URL, ?tab=Cache), in a fragment that re-reads the
-results every few seconds (read-only, a few milliseconds per read), so a training stage writing
-rounds shows up without a reload, and a locked file just means the previous snapshot stays on
-screen for one more refresh. A damaged file is named, with the command that makes it again.
+tab reruns the page and writes the tab into the URL, ?tab=Cache), in a fragment (a widget there
+reruns that tab alone). Every few seconds a fragment that draws nothing checks whether the results
+files changed (a few stat calls) and reruns the page only when they did, so a training stage writing
+rounds shows up without a reload, while a page whose data stand still is never rerun under the
+user's click (a rerun gives every download button a new file id and drops the old one). A locked
+file just means the previous snapshot stays on screen until the next change. A damaged file is
+named, with the command that makes it again.
 """
 
 from __future__ import annotations
@@ -48,6 +51,24 @@ def retry_soon(seconds: float) -> None:
         st.session_state["_retry_armed"] = True
 
     st.fragment(_tick, run_every=seconds)()
+
+
+def data_version(cfg: Config) -> tuple:
+    """What the page shows depends on: when each results file (and the partition's) last changed, and, while a run
+    is 'running', the minute (it turns 'stale' when no round comes for a while)."""
+    running = st.session_state.get("_running", False)
+    return (data.results_version(cfg.results_db, cfg.run_files_dir, cfg.stats_path, cfg.partition_path),
+            int(time.time() // 60) if running else None)
+
+
+def watch(cfg: Config, every: float) -> None:
+    """Every `every` s, rerun the page if the data changed since it was drawn (data_version); else do nothing, so
+    that no rerun comes between the user and a widget or a download. A fragment that draws nothing."""
+    def _check() -> None:
+        if data_version(cfg) != st.session_state.get("_version"):
+            st.rerun()
+
+    st.fragment(_check, run_every=every)()
 
 
 # ----------------------------------------------------------------------------- sidebar
@@ -165,7 +186,8 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
     group_seeds = group_seeds_toggle(sb, runs[runs["run_id"].isin(chosen)])
     include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
                               help="Round 0's traffic (FedCache: the hash upload). Off: training traffic only.")
-    auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh")
+    auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh",
+                     help="Check the results files every few seconds and redraw when they changed (a round written)")
     every = sb.number_input("every (s)", min_value=1, max_value=600, value=max(1, round(cfg.refresh_s or 5)), step=1,
                             key="refresh_s", disabled=not auto)
     sb.button("Refresh now")
@@ -189,6 +211,7 @@ def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | Non
     try:
         snap = data.load_snapshot(cfg.results_db, ids, cfg.lock_timeout_s, cfg.run_files_dir)
     except (data.ResultsBusy, data.ResultsDamaged) as err:
+        st.session_state["_version"] = None  # read again at the next check, whatever changed
         prev = st.session_state.get("_snapshot")
         if prev is None:
             raise
@@ -201,7 +224,8 @@ def read_snapshot(cfg: Config, ids: list[str]) -> tuple[data.Snapshot, str | Non
 def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup: bool, baseline: str,
                group_seeds: bool = False, tab: str = TABS[0]) -> None:
     """The open tab's content, under the notices about the data read (stale, no rounds yet, when read,
-    set-ups that differ). Run as a fragment inside that tab: it re-reads the results every few seconds."""
+    set-ups that differ). Run as a fragment inside that tab (a widget there reruns it alone); the whole page
+    reruns when the results change (watch)."""
     try:
         snap, stale = read_snapshot(cfg, ids)
     except data.ResultsDamaged as err:
@@ -274,6 +298,7 @@ def main() -> None:
     hide_developer_toolbar()
     cfg = load_config(sys.argv[1:])
     st.title("FedCache: accuracy and bytes communicated")
+    st.session_state["_version"] = data_version(cfg)  # before reading: a write during the read is seen next check
     try:
         notices: list[tuple[str, str]] = []  # what was read instead of the index, and why
         runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s, cfg.run_files_dir, notices)
@@ -285,6 +310,7 @@ def main() -> None:
         retry_soon(cfg.refresh_s)
         return
     except data.ResultsUnavailable as err:  # locked or damaged: go on with the runs read last (the views say why)
+        st.session_state["_version"] = None  # and read again at the next check
         runs = st.session_state.get("_runs")
         if runs is None:
             if isinstance(err, data.ResultsDamaged):
@@ -299,15 +325,17 @@ def main() -> None:
                 "`.venv/bin/python -m flows.train fedcache`); they appear here as soon as their first round is written.")
         retry_soon(cfg.refresh_s)
         return
+    st.session_state["_running"] = bool((runs["status"] == "running").any())
     ids, include_setup, every, baseline, group_seeds = sidebar(cfg, runs)
+    if every:
+        watch(cfg, every)
     if not ids:
         st.info("Pick at least one run in the sidebar.")
         return
     for name, tab in zip(TABS, open_tabs()):
         if tab.open:  # only the open tab runs: the others stay empty until clicked (a click reruns the page)
             with tab:
-                st.fragment(live_views, run_every=every or None)(cfg, ids, set(runs["run_id"]), include_setup,
-                                                                   baseline, group_seeds, tab=name)
+                st.fragment(live_views)(cfg, ids, set(runs["run_id"]), include_setup, baseline, group_seeds, tab=name)
 
 
 if __name__ == "__main__":  # streamlit runs the script as __main__; importing it draws nothing

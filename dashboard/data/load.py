@@ -61,6 +61,12 @@ def _changed_ns(path: Path) -> int:
     return max(times, default=0)
 
 
+def results_version(index: Path, runs_dir: Path, *others: Path) -> tuple:
+    """When each results file last changed (the index, every per-run file, and `others`): equal versions, the same
+    data. A few stat calls: cheap enough to check every second or so."""
+    return tuple((str(f), _changed_ns(Path(f))) for f in (index, *run_files(runs_dir), *others))
+
+
 def live_run_files(index: Path, runs_dir: Path) -> list[Path]:
     """The per-run files the index may not hold as they are now: every one changed since the index
     was built (rebuild_index dates the index to when it read them), all of them without an index."""
