@@ -91,6 +91,9 @@ def server(tmp_path_factory):
     shared = sample_data.build_once(tmp_path_factory.getbasetemp() / "dashboard_sample")
     sample = replace(shared, results_db=tmp_path_factory.mktemp("dash_browser") / "results.duckdb")
     shutil.copy(shared.results_db, sample.results_db)  # the test adds a run: to a copy
+    with ResultsDB(sample.results_db).connect() as con:  # and FedCache hetero's knowledge never ages: staleness 0
+        con.execute("UPDATE round_metrics SET value = 0 WHERE name = 'cache_staleness' AND run_id = ?",
+                    [sample.run_ids["fedcache_hetero"]])
     port = free_port()
     proc = start_app({**sample.env(), "FEDCACHE_DASHBOARD_REFRESH": "1"}, port)
     yield sample, f"http://127.0.0.1:{port}/"
@@ -137,11 +140,36 @@ def assert_tab_in_url(page, name: str, timeout_s: float = 60) -> None:
         page.wait_for_timeout(100)
 
 
-def wait_until(check, what: str, timeout_s: float = 60) -> None:
-    """Poll `check()` (every 100 ms, up to `timeout_s`) until it returns a true value; fail naming `what`."""
+# Texts of a chart that Vega cut short ('…') or that run out of the chart's SVG sideways (3 px of slack: a rotated
+# axis title's box pokes out by 2)
+CUT_TEXTS = """svg => {
+  const box = svg.getBoundingClientRect(), cut = [];
+  for (const t of svg.querySelectorAll('text')) {
+    const r = t.getBoundingClientRect();
+    if (t.textContent.includes('…') || (r.width > 0 && (r.right > box.right + 3 || r.left < box.left - 3)))
+      cut.push(t.textContent);
+  }
+  return cut;
+}"""
+# Whether a table (its grid) scrolls sideways: wider than the space it has
+SCROLLS_SIDEWAYS = "e => { const s = e.querySelector('.dvn-scroller'); return !s || s.scrollWidth > s.clientWidth + 1 }"
+
+
+def assert_charts_fit(panel) -> None:
+    """No text of any chart in the panel is cut short or runs out of its chart (issue 37: clipped legends and
+    titles), once each chart has drawn."""
+    svgs = panel.locator(f"{CHART} svg.marks")
+    for i in range(svgs.count()):
+        wait_until(lambda: not svgs.nth(i).evaluate(CUT_TEXTS),
+                   lambda: f"chart {i}: texts cut off or outside the chart: {svgs.nth(i).evaluate(CUT_TEXTS)}")
+
+
+def wait_until(check, what, timeout_s: float = 60) -> None:
+    """Poll `check()` (every 100 ms, up to `timeout_s`) until it returns a true value; else fail saying `what` (a
+    text, or a callable that makes it then)."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.1)
 
 
@@ -157,7 +185,9 @@ def test_dashboard_in_chromium(chromium, server):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1700})  # tall: the app scrolls inside its own container
+            # 1280 px wide: what the tables' columns and the charts' labels are sized for; tall: the app scrolls inside
+            # its own container
+            page = browser.new_page(viewport={"width": 1280, "height": 1700})
             t0 = time.monotonic()
             page.goto(url)
             table = page.locator(TABLE).first
@@ -181,6 +211,13 @@ def test_dashboard_in_chromium(chromium, server):
             expect(charts_svg.nth(2)).to_contain_text("the Pareto frontier")
             expect(charts_svg.nth(2)).to_contain_text("fedcache/homo aaaaaa")
             expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+            # every text of the charts whole, and the comparison and paper tables (issue 37: 'None' cells, sideways
+            # scrolling) within the window
+            assert_charts_fit(overview)
+            tables = overview.locator(TABLE)
+            expect(tables).to_have_count(2)  # the comparison, and the runs beside the paper's figures
+            for i in range(2):
+                wait_until(lambda: not tables.nth(i).evaluate(SCROLLS_SIDEWAYS), f"table {i} scrolls sideways")
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
             # each overview chart downloads as SVG and PDF, the file made by the server when clicked: one click each
@@ -217,6 +254,8 @@ def test_dashboard_in_chromium(chromium, server):
                     expect(panel.locator(f"{CHART} svg.marks")).to_have_count(n, timeout=90_000)
                 if name == "Partition":  # one heatmap cell per (client, class)
                     expect(panel.locator("g.mark-rect.role-mark path")).to_have_count(sample_data.K * 10)
+                if selector == CHART:
+                    assert_charts_fit(panel)
                 page.screenshot(path=str(ARTIFACTS / f"dashboard_{name.lower()}.png"), full_page=True)
 
             # a run that starts while the page is open appears, with its rounds, without a reload
@@ -261,6 +300,14 @@ def test_dashboard_in_chromium(chromium, server):
             expect(page.locator(f"{PANEL}:visible").get_by_text("All params of one run")).to_be_visible(timeout=90_000)
             assert_tab_in_url(page, "Params")
             assert parse_qs(urlsplit(page.url).query)["runs"] == [fedcache]
+
+            # a run whose knowledge never ages (staleness 0 every round: the server fixture's copy) draws a staleness
+            # axis from 0 to 1 round, not a flat one ticked "0.000000" (issue 37)
+            page.goto(f"{url}?runs={sample.run_ids['fedcache_hetero']}&tab=Cache")
+            staleness = page.locator(f"{PANEL}:visible {CHART} svg.marks").filter(has_text="Staleness")
+            expect(staleness).to_contain_text("mean age (rounds)", timeout=90_000)
+            ticks = staleness.evaluate("s => Array.from(s.querySelectorAll('text')).map(t => t.textContent)")
+            assert "0.000000" not in ticks and "0" in ticks and "1" in ticks, ticks
 
             # two runs the 95% intervals cannot tell apart (sample_data.write_tied_runs), opened by a link: the
             # paired-differences table has one row, whose verdict is "tied" and whose difference is a bracketed
