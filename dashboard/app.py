@@ -28,7 +28,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit import config as st_config  # noqa: E402
 
-from dashboard import data, stages  # noqa: E402
+from dashboard import data, stages, urlstate  # noqa: E402
 from dashboard.config import Config, load_config  # noqa: E402
 from dashboard.tabs import (  # noqa: E402
     view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_params, view_partition)
@@ -130,29 +130,37 @@ def group_seeds_toggle(sb, picked: pd.DataFrame) -> bool:
     """'Group seeds': on by default when 2+ of the chosen runs differ only in their seed; it follows that
     default until the user flips it."""
     default = data.has_seed_groups(picked)
+    if urlstate.opened_with("group_seeds", "seeds", urlstate.flag):  # a shared link: the user's choice
+        st.session_state["_group_seeds_default"] = None
     if "group_seeds" not in st.session_state or \
             st.session_state["group_seeds"] == st.session_state.get("_group_seeds_default"):
         st.session_state["group_seeds"] = default
     st.session_state["_group_seeds_default"] = default
-    return sb.toggle("Group seeds", key="group_seeds",
-                     help="Runs whose params differ only in `seed`: one line (mean) with a min-max band, and one "
-                          "table row (mean ± std)")
+    grouped = sb.toggle("Group seeds", key="group_seeds",
+                        help="Runs whose params differ only in `seed`: one line (mean) with a min-max band, and one "
+                             "table row (mean ± std)")
+    urlstate.write("seeds", grouped)
+    return grouped
 
 
 def param_filter(sb, pool: pd.DataFrame) -> pd.DataFrame:
     """Narrow the runs on offer by any param on which they differ (a dotted key, e.g. `index.R`, or a run
     column as `run.git_rev`), to the values picked."""
     varying = data.varying_params(pool)
+    urlstate.opened_with("param_key", "filter", lambda k: k if k in varying else None)  # a shared link's filter
     if st.session_state.get("param_key") not in (None, *varying):
         st.session_state["param_key"] = None  # the key no longer varies among the runs on offer
     key = sb.selectbox("Filter by param", [None, *varying], key="param_key",
                        format_func=lambda k: "(no filter)" if k is None else k,
                        help="Any params.yaml key (or run column) on which the runs on offer differ")
+    urlstate.write("filter", key)
     if key is None:
+        urlstate.write("value", None)
         return pool
     values = varying[key]
-    _keep_valid("param_values", values, values)
+    _keep_valid("param_values", values, from_url("value", values) or values)
     picked = sb.multiselect(f"{key} is", values, key="param_values", help="values as JSON; (absent): no such key")
+    urlstate.write("value", picked)
     return data.with_param(pool, key, picked)
 
 
@@ -161,15 +169,19 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
     sb.header("Runs")
     settings_opts = sorted(runs["setting"].dropna().unique())
     algo_opts = sorted(runs["algorithm"].unique())
-    _keep_valid("settings", settings_opts, settings_opts)
-    _keep_valid("algorithms", algo_opts, algo_opts)
+    # a shared link may narrow them (?setting=homo&algorithm=fedavg); the URL names them only when they narrow
+    _keep_valid("settings", settings_opts, from_url("setting", settings_opts) or settings_opts)
+    _keep_valid("algorithms", algo_opts, from_url("algorithm", algo_opts) or algo_opts)
     settings = sb.multiselect("Setting", settings_opts, key="settings",
                               help="homo: one model for all clients; hetero: A1/A2/A3 by client index")
     algos = sb.multiselect("Algorithms", algo_opts, key="algorithms")
+    urlstate.write_narrowed("setting", settings, settings_opts)
+    urlstate.write_narrowed("algorithm", algos, algo_opts)
     pool = param_filter(sb, runs[runs["setting"].isin(settings) & runs["algorithm"].isin(algos)])
     options = pool.sort_values("started_at", ascending=False)["run_id"].tolist()
     info = runs.set_index("run_id")
-    # a shared link (?runs=...&target=...&baseline=...&tab=...) reproduces the view; else the default selection
+    # a shared link (?runs=...&target=...&baseline=...&tab=..., and dashboard.urlstate's) reproduces the view; else
+    # the default selection
 
     def same_setup(run: str, kept: list[str]) -> bool:
         return not kept or data.setup_mismatch(runs, [*kept, run]) is None
@@ -184,8 +196,11 @@ def sidebar(cfg: Config, runs: pd.DataFrame) -> tuple[list[str], bool, float, st
     sb.header("Display")
     baseline = baseline_picker(sb, sorted(set(info.loc[[r for r in chosen if r in info.index], "algorithm"])))
     group_seeds = group_seeds_toggle(sb, runs[runs["run_id"].isin(chosen)])
-    include_setup = sb.toggle("Count one-time set-up traffic", value=True, key="include_setup",
+    if not urlstate.opened_with("include_setup", "setup", urlstate.flag):
+        st.session_state.setdefault("include_setup", True)
+    include_setup = sb.toggle("Count one-time set-up traffic", key="include_setup",
                               help="Round 0's traffic (FedCache: the hash upload). Off: training traffic only.")
+    urlstate.write("setup", include_setup)
     auto = sb.toggle("Auto-refresh", value=cfg.refresh_s > 0, key="auto_refresh",
                      help="Check the results files every few seconds and redraw when they changed (a round written)")
     every = sb.number_input("every (s)", min_value=1, max_value=600, value=max(1, round(cfg.refresh_s or 5)), step=1,

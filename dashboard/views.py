@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, export, stages, widths
+from dashboard import charts, data, export, stages, urlstate, widths
 from pipeline.data import datasets
 from pipeline.errors import InputFileError
 
@@ -76,14 +76,19 @@ def _curves(snap: data.Snapshot, series: list, curves: pd.DataFrame, zero: pd.Da
     """The accuracy curves (against round or time, and against bytes), drawn into `charts_area` above the table."""
     with charts_area:
         axes = ["round", "time", *(["sim"] if data.has_sim_time(curves) else [])]  # sim: runs on simulated devices
+        urlstate.opened_with("acc_x", "x", lambda v: v if v in ("round", "time", "sim") else None)  # a shared link
         if st.session_state.get("acc_x") not in axes:
             st.session_state["acc_x"] = "round"  # e.g. 'sim' kept from a selection that had simulated time
         x = st.radio("Left chart: accuracy", axes, key="acc_x", horizontal=True,
                      format_func={"round": "vs round", "time": "vs wall-clock time (cumulative rounds' wall_s)",
                                   "sim": "vs simulated time (the devices' clock)"}.get)
-        weight = st.slider("Smoothing (EMA weight)", 0.0, 0.95, 0.0, 0.05, key="smoothing",
+        if not urlstate.opened_with("smoothing", "smoothing", urlstate.smoothing):
+            st.session_state.setdefault("smoothing", 0.0)
+        weight = st.slider("Smoothing (EMA weight)", 0.0, 0.95, step=0.05, key="smoothing",
                            help="Draws each curve as an exponential moving average (as TensorBoard's slider); the "
                                 "tooltips keep the measured value, and the table reads the raw rounds")
+        urlstate.write("x", x)
+        urlstate.write("smoothing", f"{weight:g}")
         if weight > 0:
             curves = data.smoothed(curves, weight)
         left, right = st.columns(2)

@@ -1000,6 +1000,59 @@ def test_a_link_reproduces_the_view_and_the_view_follows_the_link(app, sample):
     assert at.query_params["target"] == "0.6" and at.query_params["runs"] == [sample.run_ids["fedcache"], local]
 
 
+def test_a_link_keeps_smoothing_axis_filters_seed_grouping_and_setup(app, sample):
+    """Issue 37: the smoothing, the accuracy chart's x axis, the filters (settings, algorithms, a param and its
+    values), seed grouping and the set-up toggle are query parameters too: each change is written into the URL,
+    and a new session opened on that URL shows the same view."""
+    ids = sample.run_ids
+    at = app()
+    assert {"smoothing": "0", "x": "round", "setup": "1", "seeds": "0"}.items() <= at.query_params.items()
+    assert not {"filter", "value", "setting", "algorithm"} & set(at.query_params)  # nothing narrowed
+    at.slider(key="smoothing").set_value(0.6).run()
+    at.radio(key="acc_x").set_value("time").run()
+    at.sidebar.toggle(key="include_setup").set_value(False).run()
+    at.sidebar.toggle(key="group_seeds").set_value(True).run()
+    at.sidebar.multiselect(key="algorithms").set_value(["fedcache"]).run()
+    at.sidebar.selectbox(key="param_key").set_value("train.lr").run()
+    at.sidebar.multiselect(key="param_values").set_value(["0.01"]).run()
+    assert_clean(at)
+    link = dict(at.query_params)
+    expected = {"smoothing": "0.6", "x": "time", "setup": "0", "seeds": "1", "filter": "train.lr"}
+    assert expected.items() <= link.items(), link
+    assert list(np.atleast_1d(link["value"])) == ["0.01"] and list(np.atleast_1d(link["algorithm"])) == ["fedcache"]
+    assert list(np.atleast_1d(link["runs"])) == [ids["fedcache"]]  # the only FedCache run with train.lr 0.01 left
+
+    opened = app(run=False)  # the link, in a new session
+    opened.query_params = link
+    opened.run()
+    assert_clean(opened)
+    assert opened.slider(key="smoothing").value == pytest.approx(0.6)
+    assert opened.radio(key="acc_x").value == "time"
+    assert opened.sidebar.toggle(key="include_setup").value is False
+    assert opened.sidebar.toggle(key="group_seeds").value is True
+    assert opened.sidebar.multiselect(key="algorithms").value == ["fedcache"]
+    assert opened.sidebar.multiselect(key="settings").value == ["hetero", "homo"]  # not narrowed: all
+    assert opened.sidebar.selectbox(key="param_key").value == "train.lr"
+    assert opened.sidebar.multiselect(key="param_values").value == ["0.01"]
+    assert opened.sidebar.multiselect(key="runs").value == [ids["fedcache"]]
+    assert "Mean user accuracy vs wall-clock time" in charts(opened)
+    assert opened.dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"] < \
+        app().dataframe[0].value.set_index("run_id").at[ids["fedcache"], "bytes_to_target"]  # set-up left out
+    for key, value in expected.items():  # and it writes the same view back
+        assert opened.query_params[key] == value, key
+
+    narrowed = app(run=False)  # a link narrowing the settings; values a link cannot mean are ignored
+    narrowed.query_params = {"setting": "homo", "x": "sideways", "smoothing": "7", "seeds": "maybe",
+                             "filter": "no.such.key"}
+    narrowed.run()
+    assert_clean(narrowed)
+    assert narrowed.sidebar.multiselect(key="settings").value == ["homo"]
+    assert ids["fedcache_hetero"] not in narrowed.sidebar.multiselect(key="runs").value
+    assert narrowed.radio(key="acc_x").value == "round" and narrowed.slider(key="smoothing").value == 0
+    assert narrowed.sidebar.selectbox(key="param_key").value is None and "filter" not in narrowed.query_params
+    assert narrowed.query_params["setting"] in ("homo", ["homo"])
+
+
 def test_a_click_on_a_tab_writes_it_into_the_url_and_a_link_opens_it(app, sample):
     """The open tab is a query parameter too (?tab=Cache): written when a tab is clicked, read by a new
     session, kept while the sidebar changes the rest of the URL."""

@@ -293,6 +293,19 @@ def test_dashboard_in_chromium(chromium, server):
             expect(grid).not_to_contain_text("fedcache/hetero cccccc")
             expect(page.get_by_label("Target mean accuracy (for bytes to target and speed-up)")).to_have_value("0.55")
             assert f"runs={local}" in page.url  # and the view writes itself back into the URL
+            # and the rest of the view (issue 37): smoothing, the x axis, the set-up toggle, seed grouping, filters
+            view = {"smoothing": "0.6", "x": "time", "setup": "0", "seeds": "1", "algorithm": "fedcache"}
+            page.goto(f"{url}?runs={fedcache}&" + "&".join(f"{k}={v}" for k, v in view.items()))
+            panel = page.locator(f"{PANEL}:visible")
+            expect(panel.locator(f"{CHART} svg.marks").first).to_contain_text("Mean user accuracy vs wall-clock time",
+                                                                              timeout=90_000)
+            expect(panel.get_by_role("slider", name="Smoothing (EMA weight)")).to_have_value("0.6")
+            expect(page.get_by_role("switch", name="Count one-time set-up traffic")).not_to_be_checked()
+            expect(page.get_by_role("switch", name="Group seeds")).to_be_checked()
+            expect(page.locator('[data-testid="stSidebar"] [data-testid="stMultiSelect"]').filter(
+                has_text="Algorithms").locator('button[aria-label^="Remove "]')).to_have_count(1)
+            wait_until(lambda: all(parse_qs(urlsplit(page.url).query).get(k) == [v] for k, v in view.items()),
+                       lambda: f"the view is not in the URL {page.url}")
             page.goto(f"{url}?runs={fedcache}&tab=Cache")  # a link may open a tab
             expect(page.locator(f"{PANEL}:visible {CHART} svg.marks")).to_have_count(4, timeout=90_000)
             expect(page.get_by_role("tab", name="Cache")).to_have_attribute("aria-selected", "true")
