@@ -75,8 +75,9 @@ def test_pfedme_counts_full_models_down_and_up(tiny_workspace, mnist):
         rows = con.execute("SELECT round, client_id, direction, kind, bytes FROM comm WHERE run_id = ?",
                            [summary["run_id"]]).fetchall()
     K = len(trainer.clients)
-    assert sorted(rows) == sorted((r, k, d, "params", model_bytes) for r in range(1, params.train.rounds + 1)
-                                  for k in range(K) for d in ("down", "up"))
+    rounds = range(1, params.train.rounds + 1)
+    assert sorted(rows) == sorted([(r, k, d, "params", model_bytes) for r in rounds for k in range(K) for d in ("down", "up")]
+                                  + [(r, k, "up", "num_samples", 4) for r in rounds for k in range(K)])  # its weight
     assert trainer.executor.name == "sequential"
 
 

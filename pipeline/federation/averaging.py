@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.encoding_spec import Spec
+from pipeline.encoding_spec import parse as parse_encoding
 from pipeline.federation.contract import SAMPLE_COUNT, Server, ServerContext, Wire, state_bytes, weight_of
+from pipeline.federation.encoding import decode, encode
 from pipeline.federation.ledger import Payload
 
 
@@ -54,6 +57,70 @@ def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().cpu().clone() for n, t in model.state_dict().items()}
 
 
+# -- encoded states (`<method>.encode_down`: the global state; `<method>.encode_up`: the client's change to it) --
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as rows: its first dimension (a layer's output channels) by the rest; a scalar is one row."""
+    return t.reshape(t.shape[0] if t.dim() else 1, -1)
+
+
+def encode_state(spec: Spec, state: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(parts that travel, the state the receiver decodes): every floating tensor's rows (of state - base with a
+    base) encoded; integer buffers (BatchNorm's step counter) travel as they are."""
+    parts, decoded = {}, {}
+    for name, t in state.items():
+        t = t.detach().cpu()
+        if not t.is_floating_point():
+            parts[name], decoded[name] = t.clone(), t.clone()
+            continue
+        change = t if base is None else t - base[name]
+        enc = encode(spec, name, _rows(change), fill="zero")
+        parts.update(enc.parts)
+        decoded[name] = (enc.decoded.reshape(t.shape) if base is None else base[name] + enc.decoded.reshape(t.shape))
+    return parts, decoded
+
+
+def decode_state(spec: Spec, parts: dict[str, torch.Tensor], template: dict[str, torch.Tensor],
+                 base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The receiver's side of encode_state: `template` gives the names, shapes and types (the receiver's own)."""
+    out = {}
+    for name, t in template.items():
+        if not t.is_floating_point():
+            out[name] = parts[name]
+            continue
+        rows = _rows(t)
+        values = decode(spec, name, parts, columns=rows.shape[1], fill="zero").to(t.dtype).reshape(t.shape)
+        out[name] = values if base is None else base[name] + values
+    return out
+
+
+def receive_state(client, payload: Payload, codes: tuple[Spec, Spec], template: dict[str, torch.Tensor]
+                  ) -> dict[str, torch.Tensor]:
+    """The global state a client makes of its download, `codes` = (its encoding down, up); `template`: the tensors
+    the method shares, as the client's model holds them. An encoded upload is its change to this state: kept."""
+    down, up = codes
+    state = payload.arrays if down.lossless else decode_state(down, payload.arrays, template)
+    if not up.lossless:
+        client.state["received"] = {n: t.detach().cpu().clone() for n, t in state.items()}
+    return state
+
+
+def state_payload(client, state: dict[str, torch.Tensor], up: Spec) -> Payload:
+    """A client's upload of its state: as it is in float32, else its change to the global it received, encoded."""
+    if up.lossless:
+        return Payload("params", state)
+    parts, _ = encode_state(up, state, base=client.state["received"])
+    return Payload("params", parts)
+
+
+def state_codes(params, method: str) -> tuple[Spec, Spec]:
+    """A parameter-averaging method's (encode_down, encode_up) from its params section (float32 when it has none)."""
+    section = getattr(params, method, None)
+    return (parse_encoding(getattr(section, "encode_down", "float32")),
+            parse_encoding(getattr(section, "encode_up", "float32")))
+
+
 class ParameterAveraging(Server):
     """The server half of the parameter-averaging methods (FedAvg, MTFL, pFedMe): one global state
     sent to every selected client, replaced by the sample-weighted mean of what they upload."""
@@ -67,19 +134,39 @@ class ParameterAveraging(Server):
         self.version = 0  # async: how many times the global state has changed
         self.sent_version: dict[int, int] = {}  # async: the version each client downloaded last
         self.buffer: list[tuple[dict[str, torch.Tensor], float]] = []  # async: arrivals not folded yet, with weights
+        self.down, self.up = state_codes(ctx.params, self.name)
+        self.sent: dict[int, dict[str, torch.Tensor]] = {}  # encoded uploads: the global each client decoded last
 
     def wire(self, k):
-        """The global state down, the client's state of the same tensors up with its sample count (int32)."""
-        state = state_bytes(self.global_state)
-        return {("down", "params"): Wire(state), ("up", "params"): Wire(state), ("up", SAMPLE_COUNT): Wire(4)}
+        """The global state down, the client's state of the same tensors up with its sample count (int32); encoded,
+        what the encoding makes of a state of these shapes."""
+        def size(spec: Spec) -> int:
+            return state_bytes(self.global_state if spec.lossless else encode_state(spec, self.global_state)[0])
+
+        return {("down", "params"): Wire(size(self.down)), ("up", "params"): Wire(size(self.up)),
+                ("up", SAMPLE_COUNT): Wire(4)}
 
     def configure(self, round_, selected):
         if self.asynchronous:  # what an arriving upload's staleness is counted from
             self.sent_version.update({k: self.version for k in selected})
-        return {k: [Payload("params", dict(self.global_state))] for k in selected}
+        if self.down.lossless and self.up.lossless:
+            return {k: [Payload("params", dict(self.global_state))] for k in selected}
+        parts, decoded = ((dict(self.global_state), self.global_state) if self.down.lossless
+                          else encode_state(self.down, self.global_state))
+        if not self.up.lossless:  # an encoded upload is the client's change to what it decoded
+            self.sent.update({k: decoded for k in selected})
+        return {k: [Payload("params", parts)] for k in selected}
+
+    def uploaded_state(self, k: int, upload) -> dict[str, torch.Tensor]:
+        """Client k's state from its upload: as it is, or the global it decoded plus its decoded change."""
+        arrays = upload.payload("params").arrays
+        if self.up.lossless:
+            return arrays
+        base = self.sent[k]
+        return decode_state(self.up, arrays, base, base=base)
 
     def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
-        states = [u.payload("params").arrays for u in uploads.values()]
+        states = [self.uploaded_state(k, u) for k, u in uploads.items()]
         self.count_work(2.0 * sum(t.numel() for state in states for t in state.values()))  # a mul, an add each
         return weighted_average(states, [weight_of(u) for u in uploads.values()])
 
@@ -90,7 +177,7 @@ class ParameterAveraging(Server):
         """FedAsync: mix one arriving upload in, staleness-weighted; with a buffer, every B arrivals at once."""
         t = self.ctx.params.train
         staleness = self.version - self.sent_version.pop(k)
-        self.buffer.append((upload.payload("params").arrays, staleness_weight(staleness, t.async_alpha,
+        self.buffer.append((self.uploaded_state(k, upload), staleness_weight(staleness, t.async_alpha,
                                                                         t.async_staleness_exponent)))
         if len(self.buffer) >= t.async_buffer:
             states, weights = zip(*self.buffer)
@@ -99,7 +186,7 @@ class ParameterAveraging(Server):
             self.buffer = []
 
     def state_dict(self) -> dict:
-        state = {"global": {n: t.clone() for n, t in self.global_state.items()}}
+        state = {"global": {n: t.clone() for n, t in self.global_state.items()}, "sent": dict(self.sent)}
         if self.asynchronous:
             state["async"] = {"version": self.version, "sent_version": dict(self.sent_version),
                               "buffer": [(dict(s), w) for s, w in self.buffer]}
@@ -107,6 +194,7 @@ class ParameterAveraging(Server):
 
     def load_state_dict(self, state: dict) -> None:
         self.global_state = {n: t.clone() for n, t in state["global"].items()}
+        self.sent = dict(state.get("sent", {}))
         if self.asynchronous:
             a = state["async"]
             self.version, self.sent_version = int(a["version"]), {int(k): int(v) for k, v in a["sent_version"].items()}

@@ -10,12 +10,14 @@ matches how the other methods are measured; `global` evaluates the global model 
 client's test split. The other reading is stored too, as round metric `acc_global` /
 `acc_personalized`.
 
-Bytes per selected client and round: the nbytes of every state_dict tensor, down and up.
+Bytes per selected client and round: the nbytes of every state_dict tensor, down and up; with `fedavg.encode_down`
+/ `encode_up` (float16, int8 per tensor row: pipeline/federation/averaging.py) the global state travels encoded
+down and each client's change to it up.
 """
 
 from __future__ import annotations
 
-from pipeline.federation.averaging import ParameterAveraging, state_copy
+from pipeline.federation.averaging import ParameterAveraging, receive_state, state_codes, state_copy, state_payload
 from pipeline.federation.clients import evaluate_model, evaluate_with
 from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload, sample_count
 from pipeline.federation.ledger import Payload
@@ -23,9 +25,13 @@ from pipeline.federation.losses import ce_rows
 
 
 class FedAvgClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.codes = state_codes(params, "fedavg")  # (encode_down, encode_up)
+
     def begin(self, client, download, round_):
         (params,) = download
-        client.model.load_state_dict(params.arrays)
+        client.model.load_state_dict(receive_state(client, params, self.codes, state_copy(client.model)))
         client.optimizer.state.clear()  # FedAvg: a fresh optimizer state from the global model each round
         return {}
 
@@ -33,7 +39,7 @@ class FedAvgClient(LocalUpdate):
         return ce_rows(model(step.x), step.y)
 
     def end(self, client, targets, records, round_):
-        return Upload([Payload("params", state_copy(client.model)), sample_count(client.num_train)])
+        return Upload([state_payload(client, state_copy(client.model), self.codes[1]), sample_count(client.num_train)])
 
     def evaluate(self, client, download):
         """Both readings: the client's own model, and the global model (the evaluation download)."""

@@ -14,3 +14,7 @@ class FedAvgParams(MethodParams):
                                             heterogeneous=Never("averages model parameters"))
 
     eval_model: Literal["personalized", "global"] = "personalized"
+    # how the global state travels down and each client's change to it up: float32 (as computed) | float16 |
+    # int8 (a byte a value, a minimum and step per tensor row: pipeline/federation/averaging.py)
+    encode_down: Literal["float32", "float16", "int8"] = "float32"
+    encode_up: Literal["float32", "float16", "int8"] = "float32"

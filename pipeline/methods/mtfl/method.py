@@ -25,7 +25,7 @@ import torch
 
 from pipeline.federation.clients import evaluate_model, evaluate_with
 from pipeline.federation.contract import Evaluation, LocalUpdate, ServerContext, Upload, sample_count
-from pipeline.federation.averaging import ParameterAveraging
+from pipeline.federation.averaging import ParameterAveraging, encode_state, receive_state, state_codes, state_payload
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -41,9 +41,15 @@ def shared_state(model: torch.nn.Module, private: set[str]) -> dict[str, torch.T
 
 
 class MTFLClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.codes = state_codes(params, "mtfl")  # (encode_down, encode_up)
+
     def begin(self, client, download, round_):
         (shared,) = download
-        client.model.load_state_dict(shared.arrays, strict=False)  # the BatchNorm tensors stay the client's
+        template = shared_state(client.model, private_names(client.model))
+        # the BatchNorm tensors stay the client's
+        client.model.load_state_dict(receive_state(client, shared, self.codes, template), strict=False)
         client.optimizer.state.clear()  # the FedAvg optimisation strategy: a fresh optimizer state each round
         return {}
 
@@ -52,7 +58,7 @@ class MTFLClient(LocalUpdate):
 
     def end(self, client, targets, records, round_):
         shared = shared_state(client.model, private_names(client.model))
-        return Upload([Payload("params", shared), sample_count(client.num_train)])
+        return Upload([state_payload(client, shared, self.codes[1]), sample_count(client.num_train)])
 
     def evaluate(self, client, download):
         """Both readings: before_local (the global shared tensors, the evaluation download, in a copy of
@@ -94,7 +100,8 @@ class MTFL(ParameterAveraging):
         the clients have only once they download them: after the last round the server sends them to all."""
         if not self._sends_final():
             return {}
-        return {k: [Payload("final_params", dict(self.global_state))] for k in range(self.ctx.num_clients)}
+        parts = dict(self.global_state) if self.down.lossless else encode_state(self.down, self.global_state)[0]
+        return {k: [Payload("final_params", parts)] for k in range(self.ctx.num_clients)}
 
     def report(self, round_, evaluations):
         other = "after_local" if self.eval_reading == "before_local" else "before_local"

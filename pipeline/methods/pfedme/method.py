@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.federation.contract import LocalUpdate, Phase, ServerContext, Upload, sample_count
-from pipeline.federation.averaging import ParameterAveraging, state_copy
+from pipeline.federation.averaging import ParameterAveraging, receive_state, state_codes, state_copy, state_payload
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
@@ -37,6 +37,7 @@ class PFedMeClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.p = params.pfedme
+        self.codes = state_codes(params, "pfedme")  # (encode_down, encode_up)
         self.w: dict[str, torch.Tensor] = {}  # the local copy of the client in training (one client at a time)
         self.steps = 0  # steps taken on theta this round (K per batch)
 
@@ -50,7 +51,7 @@ class PFedMeClient(LocalUpdate):
 
     def begin(self, client, download, round_):
         (glob,) = download
-        client.model.load_state_dict(glob.arrays)  # theta <- w_g
+        client.model.load_state_dict(receive_state(client, glob, self.codes, state_copy(client.model)))  # theta <- w_g
         self.w = {n: p.detach().clone() for n, p in client.model.named_parameters()}  # w <- w_g
         self.steps = 0
         return {}
@@ -74,7 +75,7 @@ class PFedMeClient(LocalUpdate):
             self._move_w(client.model)
         state = state_copy(client.model)  # theta's BatchNorm buffers, w's parameters
         state.update({n: t.detach().cpu().clone() for n, t in self.w.items()})
-        return Upload([Payload("params", state), sample_count(client.num_train)])
+        return Upload([state_payload(client, state, self.codes[1]), sample_count(client.num_train)])
 
 
 class PFedMe(ParameterAveraging):

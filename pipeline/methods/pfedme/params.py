@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -27,3 +27,7 @@ class PFedMeParams(MethodParams):
     # learned far slower (scaled Table 5, round 1: 0.236 at 0.09, 0.418 at 0.01; docs/methods/pfedme.md)
     personal_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
     mu: float = Field(0.001, ge=0, allow_inf_nan=False)
+    # how the global state travels down and each client's change to it up: float32 (as computed) | float16 |
+    # int8 (a byte a value, a minimum and step per tensor row: pipeline/federation/averaging.py)
+    encode_down: Literal["float32", "float16", "int8"] = "float32"
+    encode_up: Literal["float32", "float16", "int8"] = "float32"
