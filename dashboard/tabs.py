@@ -4,6 +4,7 @@ The overview and its comparison tables are dashboard.views'."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +13,7 @@ import streamlit as st
 from dashboard import ablation_charts, charts, data, stages
 from dashboard.config import Config
 from dashboard.views import figure_downloads, fitted
+from pipeline import paths
 from pipeline.data import datasets
 
 # the neighbours view's colours: the query sample, a neighbour of its own client, of another client, of another label
@@ -218,8 +220,9 @@ def view_neighbours(cfg: Config, params: dict) -> None:
                                 f"{len(rows) - 1} nearest cached neighbours ({others} from other clients)")
 
 
-def view_params(snap: data.Snapshot, ids: list[str]) -> None:
-    """The params of N runs side by side, only the keys where they differ; one run's params in full."""
+def view_params(snap: data.Snapshot, ids: list[str], runs_dir: Path | None = None) -> None:
+    """The params of N runs side by side, only the keys where they differ; one run's record (data.run_record; its
+    stage's summary.json from `runs_dir` when it is that run's) and its params in full."""
     runs = snap.runs
     options = ids + [r for r in runs["run_id"] if r not in ids]
     picked = st.multiselect("Runs to compare", options, default=ids if len(ids) > 1 else options[:2],
@@ -239,7 +242,25 @@ def view_params(snap: data.Snapshot, ids: list[str]) -> None:
     one = st.selectbox("Run", options, format_func=snap.label, key="params_one")
     row = runs.loc[runs["run_id"] == one].iloc[0]
     st.caption(f"git {row['git_rev']} · {row['status_shown']}")
+    st.markdown("**Run record**\n\n" + data.markdown_table(data.run_record(row, _stage_summary(runs_dir, row))))
+    if not row.get("environment"):
+        st.caption("The results hold no record of where this run ran (package versions, CPU/GPU, torch threads, the "
+                   "command): its training stage did not write one (`runs.environment`). Its params above say what "
+                   "it asked for.")
     st.json(row["params"], expanded=1)
+
+
+def _stage_summary(runs_dir: Path | None, row) -> dict | None:
+    """The summary.json its training stage wrote beside its results file, when it is this run's (a stage keeps the
+    summary of its latest run only)."""
+    if runs_dir is None:
+        return None
+    path = Path(runs_dir) / paths.run_name(row["algorithm"], row["setting"] == "hetero") / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("run_id") == row["run_id"] else None
 
 
 def _dataset(snap: data.Snapshot, ids: list[str]) -> str | None:

@@ -967,6 +967,46 @@ def test_the_overview_shows_the_papers_figures_beside_the_selected_runs(app, mix
     assert row["gb_total"].endswith((" KB", " MB"))  # a tiny run's bytes with their unit, not "0.000" GB
 
 
+def run_record(at: AppTest) -> dict[str, str]:
+    """The Params tab's run record (a Markdown table: what -> value)."""
+    text = next(m.value for m in at.markdown if m.value.startswith("**Run record**"))
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
+    return {what.strip(): value.strip() for what, value in rows}
+
+
+def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
+    """Issue 37: one run's record in the Params tab: what ran and when, git and the DVC experiment, the device and
+    threads its params asked for, and where it ran (package versions, CPU/GPU, torch threads, the command) when
+    the results file records it (runs.environment; sample_data.ENVIRONMENT on the FedCache homo run), "not recorded"
+    when not; with its stage's summary.json (its seconds by part) when that is this run's."""
+    ids = sample.run_ids
+    (tmp_path / "fedcache").mkdir()
+    (tmp_path / "fedcache" / "summary.json").write_text(json.dumps(
+        {"run_id": ids["fedcache"], "seconds": {"startup": 3.25, "train": 40.5}}))
+    at = open_tab(app(FEDCACHE_RUNS_DIR=tmp_path), "Params")
+    at.selectbox(key="params_one").set_value(ids["fedcache"]).run()
+    assert_clean(at)
+    record = run_record(at)
+    env = sample_data.ENVIRONMENT
+    assert record["command"] == env["command"] and record["Python"] == env["python"]
+    assert record["packages"] == "torch 2.5.1, numpy 2.1.3, duckdb 1.1.3"
+    assert record["CPU"] == env["cpu"] and record["CPU cores"] == "16" and record["GPU"] == env["gpu"]
+    assert record["torch threads"] == "4" and record["torch device"] == "cuda:0"
+    assert record["run id"] == ids["fedcache"] and record["git revision"] == "abc1234"
+    assert record["threads asked (train.threads)"] == "the executor's default" and record["device asked (device)"] == "—"
+    assert record["rounds written"] == f"{sample_data.ROUNDS + 1} (last: {sample_data.ROUNDS})"
+    assert record["wall-clock s (rounds)"] == f"{0.5 * (sample_data.ROUNDS + 1):,.1f}"
+    assert record["seconds, by part (summary.json)"] == "startup 3.25, train 40.5"
+    assert "hold no record of where this run ran" not in texts(at, "caption")
+
+    at.selectbox(key="params_one").set_value(ids["local"]).run()  # a run without one: said so
+    assert_clean(at)
+    record = run_record(at)
+    assert record["command"] == record["packages"] == record["GPU"] == "not recorded"
+    assert "seconds, by part (summary.json)" not in record  # the summary is another run's
+    assert "hold no record of where this run ran" in texts(at, "caption")
+
+
 def test_a_damaged_index_beside_intact_run_files_shows_them_with_a_warning(app, tmp_path):
     from pipeline.results.store import RunResultsDB
 

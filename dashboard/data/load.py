@@ -182,20 +182,34 @@ def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
 
 
 def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    # where the run ran (package versions, CPU/GPU, threads, the command), when the results file records it: an
+    # optional JSON column, runs.environment (NULL, or no such column, in files that do not)
+    columns = {d[0] for d in con.execute("SELECT * FROM runs LIMIT 0").description}
+    environment = "r.environment::VARCHAR" if "environment" in columns else "NULL::VARCHAR"
     df = con.execute(
         "SELECT r.run_id, r.algorithm, r.dataset, r.setting, r.params, r.git_rev, r.started_at, r.finished_at, "
         "r.status, r.experiment, r.changed, r.label AS method_label, "  # (the frame's `label`: the legend's)
-        "count(x.round) AS n_rounds, max(x.round) AS last_round, "
+        f"{environment} AS environment, count(x.round) AS n_rounds, max(x.round) AS last_round, "
         "sum(x.wall_s) AS wall_total, max(x.wall_s) AS wall_max, max(f.seen_s) AS seen_s "
         "FROM runs r LEFT JOIN rounds x USING (run_id) LEFT JOIN file_seen f USING (run_id) "
         "GROUP BY ALL ORDER BY r.started_at, r.run_id").df()
     df["params"] = [json.loads(p) if isinstance(p, str) else (p or {}) for p in df["params"]]
     df["changed"] = [json.loads(c) if isinstance(c, str) else None for c in df["changed"]]
+    df["environment"] = [_json_object(e) for e in df["environment"]]
     df["label"] = run_labels(df)
     df["status_shown"] = shown_status(df)
     for key, path in SETUP_KEYS.items():
         df[key] = df["dataset"] if path is None else [_get(p, path) for p in df["params"]]
-    return df.drop(columns=["wall_total", "wall_max", "seen_s"])
+    return df.rename(columns={"wall_total": "wall_s"}).drop(columns=["wall_max", "seen_s"])
+
+
+def _json_object(text) -> dict | None:
+    """A JSON object from the results file, or None (NULL, not JSON, not an object)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 STALE_AFTER_S = 10 * 60  # a 'running' run with no round for this long (and 3x its slowest round) was likely killed

@@ -1,8 +1,9 @@
-"""Runs' params: flattened, compared (what differs between runs) and filtered by a key's values."""
+"""Runs' params: flattened, compared (what differs between runs) and filtered by a key's values; one run's record."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pandas as pd
 
@@ -63,3 +64,55 @@ def with_param(runs: pd.DataFrame, key: str, values: list[str]) -> pd.DataFrame:
     """The runs whose value of `key` (as varying_params writes it) is one of `values`."""
     keep = [_as_text(flat.get(key, MISSING)) in values for flat in _every_run_params(runs)]
     return runs[keep]
+
+
+# ----------------------------------------------------------------------------- one run's record
+
+# runs.environment's keys as a reader names them, in this order; any other key follows under its own name
+ENVIRONMENT = {"command": "command", "python": "Python", "packages": "packages", "platform": "platform",
+               "cpu": "CPU", "cpu_count": "CPU cores", "gpu": "GPU", "torch_device": "torch device",
+               "torch_threads": "torch threads", "hostname": "host"}
+NOT_RECORDED = "not recorded"
+
+
+def _text(value) -> str:
+    if value is None or value == "" or (not isinstance(value, (dict, list, tuple, str)) and pd.isna(value)):
+        return "—"
+    if isinstance(value, (pd.Timestamp, datetime)):
+        return f"{pd.Timestamp(value):%Y-%m-%d %H:%M:%S}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "—"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def run_record(row, summary: dict | None = None) -> pd.DataFrame:
+    """What the results hold about one run (a row of load_runs), as (what, value) text rows: what ran and when, its
+    code (git, the DVC experiment and the params it changed), the device and threads its params asked for, where it
+    ran (runs.environment: package versions, CPU/GPU, torch threads, the command; "not recorded" when the file has
+    none) and, from the training stage's summary.json when it is this run's, where its seconds went."""
+    params = row["params"] or {}
+    train = params.get("train") or {}
+    rounds = row.get("n_rounds")
+    rows = [("what ran", row.get("method_label") or row["algorithm"]), ("run id", row["run_id"]),
+            ("dataset / setting", f"{row['dataset']} / {row['setting']}"),
+            ("status", row.get("status_shown", row["status"])), ("started", row["started_at"]),
+            ("finished", row["finished_at"]),
+            ("rounds written", "—" if rounds is None or pd.isna(rounds) or not rounds
+             else f"{int(rounds)} (last: {int(row['last_round'])})"),
+            ("wall-clock s (rounds)", "—" if pd.isna(row.get("wall_s", float("nan"))) else f"{row['wall_s']:,.1f}"),
+            ("git revision", row["git_rev"]), ("DVC experiment", row.get("experiment")),
+            ("params it changed", json.dumps(row["changed"], sort_keys=True) if row.get("changed") else None),
+            ("device asked (device)", params.get("device")),
+            ("threads asked (train.threads)", train.get("threads") or "the executor's default"),
+            ("executor (train.executor)", train.get("executor"))]
+    environment = row.get("environment") or {}
+    if environment:
+        keys = [k for k in ENVIRONMENT if k in environment] + [k for k in environment if k not in ENVIRONMENT]
+        rows += [(ENVIRONMENT.get(k, k), environment[k]) for k in keys]
+    else:
+        rows += [(name, NOT_RECORDED) for name in ("command", "packages", "CPU", "GPU", "torch threads")]
+    if summary and summary.get("seconds"):
+        rows.append(("seconds, by part (summary.json)", ", ".join(f"{k} {v:g}" for k, v in summary["seconds"].items())))
+    return pd.DataFrame([(what, _text(value)) for what, value in rows], columns=["", "value"])
