@@ -53,19 +53,18 @@ def retry_soon(seconds: float) -> None:
     st.fragment(_tick, run_every=seconds)()
 
 
-def data_version(cfg: Config) -> tuple:
-    """What the page shows depends on: when each results file (and the partition's) last changed, and, while a run
-    is 'running', the minute (it turns 'stale' when no round comes for a while)."""
-    running = st.session_state.get("_running", False)
+def data_version(cfg: Config, stale_at: float | None = None) -> tuple:
+    """What the page shows depends on: when each results file (and the partition's) last changed, and whether the
+    moment has come when a run shown 'running' turns 'stale' (`stale_at`, epoch s: no round came for a while)."""
     return (data.results_version(cfg.results_db, cfg.run_files_dir, cfg.stats_path, cfg.partition_path),
-            int(time.time() // 60) if running else None)
+            stale_at is not None and time.time() >= stale_at)
 
 
 def watch(cfg: Config, every: float) -> None:
     """Every `every` s, rerun the page if the data changed since it was drawn (data_version); else do nothing, so
     that no rerun comes between the user and a widget or a download. A fragment that draws nothing."""
     def _check() -> None:
-        if data_version(cfg) != st.session_state.get("_version"):
+        if data_version(cfg, st.session_state.get("_stale_at")) != st.session_state.get("_version"):
             st.rerun()
 
     st.fragment(_check, run_every=every)()
@@ -313,8 +312,8 @@ def main() -> None:
     hide_developer_toolbar()
     cfg = load_config(sys.argv[1:])
     st.title("FedCache: accuracy and bytes communicated")
-    st.session_state["_version"] = data_version(cfg)  # before reading: a write during the read is seen next check
-    try:
+    st.session_state["_version"], st.session_state["_stale_at"] = data_version(cfg), None  # before reading: a
+    try:  # write during the read is seen at the next check
         notices: list[tuple[str, str]] = []  # what was read instead of the index, and why
         runs = data.load_runs(cfg.results_db, cfg.lock_timeout_s, cfg.run_files_dir, notices)
         st.session_state["_runs"] = runs
@@ -340,7 +339,7 @@ def main() -> None:
                 "`.venv/bin/python -m flows.train fedcache`); they appear here as soon as their first round is written.")
         retry_soon(cfg.refresh_s)
         return
-    st.session_state["_running"] = bool((runs["status"] == "running").any())
+    st.session_state["_stale_at"] = runs.attrs.get("next_stale")  # drawn 'running' until then
     ids, include_setup, every, baseline, group_seeds = sidebar(cfg, runs)
     if every:
         watch(cfg, every)

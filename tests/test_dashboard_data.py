@@ -471,6 +471,19 @@ def test_default_selection_is_the_latest_finished_run_of_the_common_setup(mixed)
     assert data.default_selection(runs[runs["run_id"] == ids["killed"]]) == [ids["killed"]]
 
 
+def test_the_page_knows_when_a_running_run_turns_stale():
+    """The dashboard redraws only when a results file changes, and once more when a run shown 'running' turns
+    'stale' (data.next_stale): the first moment, among the running runs not stale yet, their threshold passes."""
+    now = pd.Timestamp("2026-01-01 12:00")
+    frame = pd.DataFrame({"status": ["running", "running", "finished"], "started_at": [now - pd.Timedelta("30min")] * 3,
+                          "wall_total": [60.0, 1500.0, 60.0], "wall_max": [10.0, 60.0, 10.0], "seen_s": [None] * 3})
+    # the first is stale already (its last round 29 min ago); the second's last round 5 min ago: stale in 5 min
+    assert data.next_stale(frame, now) == (now + pd.Timedelta("5min")).to_pydatetime().timestamp()
+    assert data.shown_status(frame, now + pd.Timedelta("5min"))[1] == "running"
+    assert data.shown_status(frame, now + pd.Timedelta("5min 1s"))[1] == "stale (no round for 10 min)"
+    assert data.next_stale(frame, now + pd.Timedelta("6min")) is None  # none left to turn
+
+
 def test_a_running_run_without_rounds_for_minutes_is_shown_as_stale(mixed, tmp_path):
     path, ids = mixed
     runs = data.load_runs(path).set_index("run_id")

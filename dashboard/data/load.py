@@ -198,6 +198,7 @@ def _runs_frame(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     df["environment"] = [_json_object(e) for e in df["environment"]]
     df["label"] = run_labels(df)
     df["status_shown"] = shown_status(df)
+    df.attrs["next_stale"] = next_stale(df)  # when the page should look again though no file changed (app.watch)
     for key, path in SETUP_KEYS.items():
         df[key] = df["dataset"] if path is None else [_get(p, path) for p in df["params"]]
     return df.rename(columns={"wall_total": "wall_s"}).drop(columns=["wall_max", "seen_s"])
@@ -221,18 +222,38 @@ def shown_status(runs: pd.DataFrame, now: datetime | None = None) -> list[str]:
     when its per-run file last changed (read from such a file)."""
     now = now or datetime.now()  # started_at is local time (DuckDB's now() stored as TIMESTAMP)
     out = []
+    for status, last, stale_at in zip(runs["status"], *_last_and_stale(runs)):
+        if status != "running" or last is None or pd.Timestamp(now) <= stale_at:
+            out.append(status)
+            continue
+        idle = (pd.Timestamp(now) - last).total_seconds()
+        out.append(f"stale (no round for {int(idle // 60)} min)")
+    return out
+
+
+def _last_and_stale(runs: pd.DataFrame) -> tuple[list, list]:
+    """Per run: when it last showed life (None: not running, or not started) and when, without another round, it is
+    shown stale: after STALE_AFTER_S and 3x its slowest round."""
+    lasts, stales = [], []
     for status, started, wall, slowest, seen in zip(runs["status"], runs["started_at"], runs["wall_total"],
                                                     runs["wall_max"], runs["seen_s"]):
         if status != "running" or pd.isna(started):
-            out.append(status)
+            lasts.append(None)
+            stales.append(None)
             continue
         last = pd.Timestamp(started) + pd.Timedelta(seconds=0 if pd.isna(wall) else float(wall))
         if not pd.isna(seen):
             last = max(last, pd.Timestamp(datetime.fromtimestamp(seen)))
-        idle = (pd.Timestamp(now) - last).total_seconds()
-        stale = idle > max(STALE_AFTER_S, 3 * (0 if pd.isna(slowest) else slowest))
-        out.append(f"stale (no round for {int(idle // 60)} min)" if stale else status)
-    return out
+        lasts.append(last)
+        stales.append(last + pd.Timedelta(seconds=max(STALE_AFTER_S, 3 * (0 if pd.isna(slowest) else slowest))))
+    return lasts, stales
+
+
+def next_stale(runs: pd.DataFrame, now: datetime | None = None) -> float | None:
+    """When (epoch s) the next run shown 'running' turns 'stale' unless it writes a round; None: none will."""
+    now = pd.Timestamp(now or datetime.now())
+    ahead = [t for t in _last_and_stale(runs)[1] if t is not None and t >= now]
+    return min(ahead).to_pydatetime().timestamp() if ahead else None
 
 
 # What makes runs comparable: the dataset, the number of clients, the number of rounds.
