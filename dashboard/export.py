@@ -51,6 +51,40 @@ def chart_bytes(chart: alt.TopLevelMixin, fmt: str) -> bytes:
     raise ValueError(f"unknown figure format {fmt!r}: expected one of {', '.join(FORMATS)}")
 
 
-def chart_file(chart: alt.TopLevelMixin, fmt: str) -> Callable[[], bytes]:
-    """A callable that renders the chart when called (st.download_button's deferred data)."""
-    return partial(chart_bytes, chart, fmt)
+def chart_file(chart: alt.TopLevelMixin, fmt: str, filename: str | None = None) -> Callable[[], bytes]:
+    """A callable that renders the chart when called (st.download_button's deferred data); with the button's
+    `filename`, the file it makes stays served until that button's next click (keep_served)."""
+    return partial(_made, chart, fmt, filename)
+
+
+def _made(chart: alt.TopLevelMixin, fmt: str, filename: str | None) -> bytes:
+    data = chart_bytes(chart, fmt)
+    if filename is not None:
+        keep_served(data, FORMATS[fmt], filename)
+    return data
+
+
+KEPT = "dashboard: downloads made on click"  # the media files' pseudo-session that keeps them (keep_served)
+
+
+def keep_served(data: bytes, mimetype: str, filename: str) -> bool:
+    """Keep the file a click makes served until the next file made under `filename` replaces it. Streamlit stores a
+    deferred download's file under no element, so the end of any script run marks it for deletion and the next one
+    deletes it: with the auto-refresh checking every second (a fragment run each time), two runs could end before
+    the browser fetched the file, and the download was an error page named by the file's hash. Registered under
+    `filename` (one file per button), it stays. Uses Streamlit's media file manager from the inside: when that is
+    not as expected, nothing is kept and downloads work as before (returns False)."""
+    try:
+        from streamlit import runtime
+        from streamlit.runtime.media_file_storage import MediaFileKind
+
+        if not runtime.exists():
+            return False
+        manager = runtime.get_instance().media_file_mgr
+        # the id the download's own file gets (the same data, type and name): stored now if not already
+        file_id = manager._storage.load_and_get_id(data, mimetype, MediaFileKind.DOWNLOADABLE, filename)
+        with manager._lock:
+            manager._files_by_session_and_coord[KEPT][filename] = file_id
+        return True
+    except Exception:  # noqa: BLE001 - another Streamlit: no keeping, no harm
+        return False

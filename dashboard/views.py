@@ -306,6 +306,7 @@ def figure_downloads(chart, name: str, key: str) -> None:
         return
     with st.container(horizontal=True, gap="small"):
         for fmt, mime in export.FORMATS.items():
-            st.download_button(fmt.upper(), export.chart_file(chart, fmt), f"{name}.{fmt}", mime, key=f"{key}_{fmt}",
+            st.download_button(fmt.upper(), export.chart_file(chart, fmt, f"{name}.{fmt}"), f"{name}.{fmt}", mime,
+                               key=f"{key}_{fmt}",
                                on_click="ignore", icon=":material/download:", type="tertiary",
                                help=f"This chart as {fmt.upper()} ({export.WIDTH} px wide, white background)")

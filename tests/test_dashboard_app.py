@@ -897,6 +897,46 @@ def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, mo
     assert b"wall-clock time" in deferred["accuracy_vs_time.svg"][0]()
 
 
+def test_a_file_made_on_click_outlives_the_script_runs_after_it(monkeypatch):
+    """Issue 37 (one click downloads): Streamlit stores a deferred download's file under no element, and every
+    script run ends by marking such a file for deletion, then deleting it; the auto-refresh's check is a script run
+    (every second in the browser test), so a browser slower than two checks to fetch the file got an error page
+    named by its hash. export.keep_served keeps the file until that button's next click."""
+    from unittest.mock import MagicMock
+
+    import altair as alt
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.media_file_storage import MediaFileStorageError
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    from dashboard import export
+
+    storage = MemoryMediaFileStorage("/media")
+    manager = MediaFileManager(storage)
+    monkeypatch.setattr(Runtime, "_instance", MagicMock(spec=Runtime, media_file_mgr=manager))
+    chart = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_line().encode(x="x:Q", y="x:Q")
+    served = {}
+    for name, make in (("kept.svg", export.chart_file(chart, "svg", "kept.svg")),
+                       ("unkept.svg", export.chart_file(chart, "svg"))):  # as before: no name to keep it under
+        url = manager.execute_deferred(manager.add_deferred(make, "image/svg+xml", f"button {name}", name))
+        manager.remove_orphaned_files()  # two script runs end (two auto-refresh checks)
+        manager.remove_orphaned_files()
+        served[name] = url.rsplit("/", 1)[-1]
+    assert storage.get_file(served["kept.svg"]).content.startswith(b"<svg")
+    with pytest.raises(MediaFileStorageError):
+        storage.get_file(served["unkept.svg"])
+    # the next file made under that name replaces it: one kept per button
+    chart2 = alt.Chart(pd.DataFrame({"x": [1, 3]})).mark_line().encode(x="x:Q", y="x:Q")
+    url = manager.execute_deferred(manager.add_deferred(export.chart_file(chart2, "svg", "kept.svg"), "image/svg+xml",
+                                                        "button kept.svg", "kept.svg"))
+    manager.remove_orphaned_files()
+    manager.remove_orphaned_files()
+    assert storage.get_file(url.rsplit("/", 1)[-1])
+    with pytest.raises(MediaFileStorageError):
+        storage.get_file(served["kept.svg"])
+
+
 def test_without_vl_convert_the_charts_say_how_to_get_svg_and_pdf(app, monkeypatch):
     from dashboard import export
 
