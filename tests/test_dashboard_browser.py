@@ -352,6 +352,10 @@ def test_dashboard_in_chromium(chromium, server):
             expect(page.get_by_text("showing the 2 per-run files")).to_be_visible(timeout=90_000)
             expect(page.locator(f"{PANEL}:visible {TABLE} table").first).to_contain_text("pfl-2")
             page.screenshot(path=str(ARTIFACTS / "dashboard_damaged_index.png"), full_page=True)
+        except BaseException:  # what the page showed when a check failed
+            if "page" in locals():
+                page.screenshot(path=str(ARTIFACTS / "dashboard_failed.png"), full_page=True)
+            raise
         finally:
             browser.close()
     print(f"page load (navigation -> table visible): {load_s:.2f} s")
