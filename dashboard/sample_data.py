@@ -21,7 +21,6 @@ Used by the dashboard tests and the browser test; try it with
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,13 +91,14 @@ def build_stage_outputs(root: Path, clients: int = K, per_client: int = PER_CLIE
 def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
               accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0,
               experiment: str | None = None, changed: dict | None = None, sim_s: float | None = None,
-              label: str | None = None) -> None:
+              label: str | None = None, environment: dict | None = None) -> None:
     """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
     `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc); sim_s: each
-    round's simulated seconds (devices on; None: off); label: what ran (pipeline.results.labels)."""
+    round's simulated seconds (devices on; None: off); label: what ran (pipeline.results.labels); environment:
+    where it ran (runs.environment)."""
     gen = np.random.default_rng(seed)
     if start_round == 0:  # (a run's own file starts anew here: before the connection below opens it)
-        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed, label)
+        db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed, label, environment)
     with db.held():  # one connection for the rounds
         for rnd, acc in enumerate(accs[start_round:], start=start_round):
             write_round(db, run_id, algorithm, rnd, acc, sizes, gen, sim_s)
@@ -174,29 +174,23 @@ def build(root: Path) -> SampleInputs:
     sizes = build_stage_outputs(out.root)
     db = ResultsDB(out.results_db, lock_timeout_s=30)
     ids = out.run_ids
-    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(out.root), sizes, curve(0.8123), seed=1)
+    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(out.root), sizes, curve(0.8123), seed=1,
+              environment=ENVIRONMENT)
     write_run(db, ids["local"], "local", "homo", params_for(out.root), sizes, curve(0.6547), seed=2)
     write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
               sizes, curve(0.7345), seed=3)
     db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
-    record_environment(db, ids["fedcache"])
     (out.root / ".complete").touch()
     return out
 
 
-# Where a run ran, as a training stage would record it at run start into runs.environment (JSON; an optional column
-# the pipeline does not write yet: the dashboard shows it when a results file has it)
-ENVIRONMENT = {"command": "python -m flows.train fedcache", "python": "3.11.9",
-               "packages": {"torch": "2.5.1", "numpy": "2.1.3", "duckdb": "1.1.3"},
-               "platform": "Linux-6.1.0-x86_64-with-glibc2.36", "cpu": "AMD EPYC 9454 48-Core Processor",
-               "cpu_count": 16, "gpu": "NVIDIA H200", "torch_device": "cuda:0", "torch_threads": 4}
-
-
-def record_environment(db: ResultsDB, run_id: str, environment: dict | None = None) -> None:
-    """Give a run an environment record (ENVIRONMENT), adding the runs.environment column to the file."""
-    with db.connect() as con:
-        con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS environment JSON")
-        con.execute("UPDATE runs SET environment = ? WHERE run_id = ?", [json.dumps(environment or ENVIRONMENT), run_id])
+# Where a run ran, as a training stage records it at run start (runs.environment: pipeline.machine.run_environment,
+# with the engine's torch threads, device and GPU)
+ENVIRONMENT = {"command": "/work/.venv/bin/python -m flows.train fedcache", "cwd": "/work",
+               "python": "3.11.9", "platform": "Linux-6.1.0-x86_64-with-glibc2.36",
+               "cpu": "AMD EPYC 9454 48-Core Processor (family 25, model 17; AVX-512 with BF16), 16 CPUs",
+               "packages": {"torch": "2.5.1", "numpy": "2.1.3", "faiss-cpu": None, "duckdb": "1.1.3"},
+               "torch_threads": 4, "device": "cuda:0", "gpu": "NVIDIA H200"}
 
 
 def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:

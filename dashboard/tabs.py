@@ -244,8 +244,8 @@ def view_params(snap: data.Snapshot, ids: list[str], runs_dir: Path | None = Non
     st.caption(f"git {row['git_rev']} · {row['status_shown']}")
     st.markdown("**Run record**\n\n" + data.markdown_table(data.run_record(row, _stage_summary(runs_dir, row))))
     if not row.get("environment"):
-        st.caption("The results hold no record of where this run ran (package versions, CPU/GPU, torch threads, the "
-                   "command): its training stage did not write one (`runs.environment`). Its params above say what "
+        st.caption("The results hold no record of where this run ran (the command, package versions, CPU, GPU, torch "
+                   "threads): it ran before training stages recorded one (`runs.environment`). Its params say what "
                    "it asked for.")
     st.json(row["params"], expanded=1)
 

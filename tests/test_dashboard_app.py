@@ -1016,9 +1016,10 @@ def run_record(at: AppTest) -> dict[str, str]:
 
 def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
     """Issue 37: one run's record in the Params tab: what ran and when, git and the DVC experiment, the device and
-    threads its params asked for, and where it ran (package versions, CPU/GPU, torch threads, the command) when
-    the results file records it (runs.environment; sample_data.ENVIRONMENT on the FedCache homo run), "not recorded"
-    when not; with its stage's summary.json (its seconds by part) when that is this run's."""
+    threads its params asked for, and where it ran (the command, package versions, CPU, GPU, torch threads and
+    device: runs.environment, as a training stage records it; sample_data.ENVIRONMENT on the FedCache homo run),
+    "not recorded" for a run without one; with its stage's summary.json (its seconds by part) when that is this
+    run's."""
     ids = sample.run_ids
     (tmp_path / "fedcache").mkdir()
     (tmp_path / "fedcache" / "summary.json").write_text(json.dumps(
@@ -1029,8 +1030,9 @@ def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
     record = run_record(at)
     env = sample_data.ENVIRONMENT
     assert record["command"] == env["command"] and record["Python"] == env["python"]
-    assert record["packages"] == "torch 2.5.1, numpy 2.1.3, duckdb 1.1.3"
-    assert record["CPU"] == env["cpu"] and record["CPU cores"] == "16" and record["GPU"] == env["gpu"]
+    assert record["working directory"] == env["cwd"] and record["platform"] == env["platform"]
+    assert record["packages"] == "torch 2.5.1, numpy 2.1.3, duckdb 1.1.3 (not installed: faiss-cpu)"
+    assert record["CPU"] == env["cpu"] and record["GPU"] == env["gpu"]
     assert record["torch threads"] == "4" and record["torch device"] == "cuda:0"
     assert record["run id"] == ids["fedcache"] and record["git revision"] == "abc1234"
     assert record["threads asked (train.threads)"] == "the executor's default" and record["device asked (device)"] == "—"
@@ -1045,6 +1047,20 @@ def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
     assert record["command"] == record["packages"] == record["GPU"] == "not recorded"
     assert "seconds, by part (summary.json)" not in record  # the summary is another run's
     assert "hold no record of where this run ran" in texts(at, "caption")
+
+    # as the pipeline records it (pipeline.machine.run_environment and the engine's additions), on the CPU
+    from pipeline.machine import run_environment
+
+    db = ResultsDB(tmp_path / "recorded.duckdb")
+    environment = {**run_environment(), "torch_threads": 2, "device": "cpu", "gpu": None}
+    sample_data.write_run(db, "fedavg-20260801-000000-record", "fedavg", "homo", sample_data.params_for(sample.root),
+                          np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.7), environment=environment)
+    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Params")
+    assert_clean(at)
+    record = run_record(at)
+    assert record["command"] == environment["command"] and record["CPU"] == environment["cpu"]
+    assert record["GPU"] == "none" and record["torch device"] == "cpu" and record["torch threads"] == "2"
+    assert all(f"{name} {v}" in record["packages"] for name, v in environment["packages"].items() if v)
 
 
 def test_a_damaged_index_beside_intact_run_files_shows_them_with_a_warning(app, tmp_path):

@@ -68,11 +68,19 @@ def with_param(runs: pd.DataFrame, key: str, values: list[str]) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- one run's record
 
-# runs.environment's keys as a reader names them, in this order; any other key follows under its own name
-ENVIRONMENT = {"command": "command", "python": "Python", "packages": "packages", "platform": "platform",
-               "cpu": "CPU", "cpu_count": "CPU cores", "gpu": "GPU", "torch_device": "torch device",
-               "torch_threads": "torch threads", "hostname": "host"}
+# runs.environment's keys (pipeline.machine.run_environment, and the engine's torch threads, device and GPU) as a
+# reader names them, in this order; any other key follows under its own name
+ENVIRONMENT = {"command": "command", "cwd": "working directory", "python": "Python", "packages": "packages",
+               "platform": "platform", "cpu": "CPU", "device": "torch device", "gpu": "GPU",
+               "torch_threads": "torch threads"}
 NOT_RECORDED = "not recorded"
+
+
+def _packages(versions: dict) -> str:
+    """'torch 2.5.1, numpy 2.1.3 (not installed: faiss-cpu)'."""
+    have = ", ".join(f"{name} {v}" for name, v in versions.items() if v)
+    missing = [name for name, v in versions.items() if not v]
+    return (have or "—") + (f" (not installed: {', '.join(missing)})" if missing else "")
 
 
 def _text(value) -> str:
@@ -90,8 +98,9 @@ def _text(value) -> str:
 def run_record(row, summary: dict | None = None) -> pd.DataFrame:
     """What the results hold about one run (a row of load_runs), as (what, value) text rows: what ran and when, its
     code (git, the DVC experiment and the params it changed), the device and threads its params asked for, where it
-    ran (runs.environment: package versions, CPU/GPU, torch threads, the command; "not recorded" when the file has
-    none) and, from the training stage's summary.json when it is this run's, where its seconds went."""
+    ran (runs.environment, recorded at run start: the command, package versions, CPU, GPU, torch threads and device;
+    "not recorded" for a run from before) and, from the training stage's summary.json when it is this run's, where
+    its seconds went."""
     params = row["params"] or {}
     train = params.get("train") or {}
     rounds = row.get("n_rounds")
@@ -110,7 +119,8 @@ def run_record(row, summary: dict | None = None) -> pd.DataFrame:
     environment = row.get("environment") or {}
     if environment:
         keys = [k for k in ENVIRONMENT if k in environment] + [k for k in environment if k not in ENVIRONMENT]
-        rows += [(ENVIRONMENT.get(k, k), environment[k]) for k in keys]
+        rows += [(ENVIRONMENT.get(k, k), _packages(environment[k]) if k == "packages" and isinstance(environment[k], dict)
+                  else "none" if k == "gpu" and environment[k] is None else environment[k]) for k in keys]
     else:
         rows += [(name, NOT_RECORDED) for name in ("command", "packages", "CPU", "GPU", "torch threads")]
     if summary and summary.get("seconds"):
