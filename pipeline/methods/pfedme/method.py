@@ -29,7 +29,6 @@ import torch
 
 from pipeline.federation.contract import LocalUpdate, Phase, ServerContext, Upload, sample_count
 from pipeline.federation.averaging import ParameterAveraging, receive_state, state_codes, state_copy, state_payload
-from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows
 
 
