@@ -95,7 +95,8 @@ def test_fedavg_bytes_are_the_state_dict_sizes(tiny_workspace, mnist):
     trainer, summary = _run(params, part, "fedavg", mnist)
     state_bytes = sum(t.numel() * t.element_size() for t in trainer.clients[0].model.state_dict().values())
     rows = _comm(summary["run_id"])
-    assert rows == sorted((r, k, d, "params", state_bytes, -1) for r in (1, 2) for k in range(3) for d in ("down", "up"))
+    assert rows == sorted([(r, k, d, "params", state_bytes, -1) for r in (1, 2) for k in range(3) for d in ("down", "up")]
+                          + [(r, k, "up", "num_samples", 4, -1) for r in (1, 2) for k in range(3)])  # its weight
     # the personalized reading is the round figure; the global model's is kept as a round metric
     con = duckdb.connect(str(paths.RESULTS_DB), read_only=True)
     names = con.execute("SELECT DISTINCT name FROM round_metrics WHERE run_id = ?", [summary["run_id"]]).fetchall()
