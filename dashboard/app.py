@@ -75,17 +75,33 @@ def watch(cfg: Config, every: float) -> None:
 def _keep_valid(key: str, options: list, default: list, admit=lambda option, kept: True) -> list:
     """Session value of a multiselect: the default at first, then the user's choice minus options
     that vanished, plus options that appeared since and that `admit(option, kept)` takes (a run that
-    just started with the selection's set-up shows up at once). Returns the new options not taken."""
+    just started with the selection's set-up shows up at once). Returns the new options not taken.
+
+    What the app adds must survive a request the browser sent before it drew the addition: every request
+    carries all widget values, and an auto-refresh check's (every few seconds) can leave with the old one and
+    undo the addition. So the additions stay pending until a request comes back with them; until then a value
+    equal to the one before them is taken for such a request and they are added again. A user's other change
+    (anything but that old value) ends the wait and stands."""
     seen = st.session_state.get(f"_{key}_options")
+    pending = st.session_state.pop(f"_{key}_pending", None)  # (value before, added): not seen back yet
     left_out = []
     if key not in st.session_state or seen is None:
         st.session_state[key] = list(default)
     else:
         kept = [v for v in st.session_state[key] if v in options]
+        waiting = None
+        if pending and not set(pending[1]) <= set(kept) and kept == [v for v in pending[0] if v in options]:
+            kept += [v for v in pending[1] if v in options and v not in kept]  # undone by a stale request: again
+            waiting = pending
+        added = []
         for o in options:
             if o not in seen and o not in kept:
-                (kept if admit(o, kept) else left_out).append(o)
-        st.session_state[key] = kept
+                (added if admit(o, kept + added) else left_out).append(o)
+        if added:
+            waiting = (waiting[0], waiting[1] + added) if waiting else (list(kept), added)
+        if waiting:
+            st.session_state[f"_{key}_pending"] = waiting
+        st.session_state[key] = kept + added
     st.session_state[f"_{key}_options"] = list(options)
     return left_out
 

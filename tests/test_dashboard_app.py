@@ -1229,6 +1229,31 @@ def test_a_new_run_with_another_set_up_is_announced_not_added(app, sample, tmp_p
     assert "not directly comparable" not in texts(at, "warning")
 
 
+def test_a_run_the_app_adds_survives_a_request_sent_before_the_browser_drew_it(app, sample, tmp_path):
+    """Issue 37 (refreshes swallowing input): every request carries all widget values, so an auto-refresh check the
+    browser sent before it drew a run the app had just added to the selection carried the old selection, and the
+    run was dropped for good (1 in 7 live runs in the browser test, on a busy machine). The addition now waits
+    until the browser sends it back, and a request with the old selection until then puts it back; after that, a
+    user's removal stands."""
+    path = tmp_path / "results.duckdb"
+    shutil.copy(sample.results_db, path)
+    at = app(FEDCACHE_RESULTS_DB=path)
+    before = at.sidebar.multiselect(key="runs").value
+    db = ResultsDB(path)
+    db.start_run("fedcache-new", "fedcache", "mnist", "homo", sample_data.params_for(sample.root), "abc")
+    db.write_round("fedcache-new", 0, 0.1, 10, 10, 1.0, [(0, 0.1, 10)], [], {})
+    at.run()
+    assert at.sidebar.multiselect(key="runs").value == [*before, "fedcache-new"]  # the app adds it
+    at.sidebar.multiselect(key="runs").set_value(before).run()  # a request sent before the browser drew it
+    assert_clean(at)
+    assert at.sidebar.multiselect(key="runs").value == [*before, "fedcache-new"]  # put back
+    at.run()  # the browser sends it back: seen
+    at.sidebar.multiselect(key="runs").set_value(before).run()  # now the user removes it
+    assert at.sidebar.multiselect(key="runs").value == before
+    at.run()
+    assert at.sidebar.multiselect(key="runs").value == before and "fedcache-new" not in at.query_params["runs"]
+
+
 def test_the_smoothing_slider_smooths_the_curves_not_the_table(app):
     at = app()
     maua = at.dataframe[0].value["maua"].tolist()
