@@ -42,6 +42,9 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+# a params field that names a payload encoding (pipeline/encoding_spec.py): checked, and written canonically, on load
+Encoding = Annotated[str, AfterValidator(lambda text: str(parse_encoding(text)))]
+
 # the classes of each dataset (pipeline/data/datasets.py names them; a test checks the counts agree)
 NUM_CLASSES = {"fashion_mnist": 10, "mnist": 10, "cifar10": 10}
 

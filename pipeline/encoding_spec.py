@@ -19,9 +19,6 @@ An encoding says how the rows of a payload's array travel (pipeline/federation/e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
-
-from pydantic import AfterValidator
 
 BASIC = ("float32", "float16", "int8")
 KINDS = (*BASIC, "topk", "argmax", "delta")
@@ -86,11 +83,3 @@ def check_columns(spec: Spec, columns: int) -> str | None:
     if spec.kind == "topk" and spec.k >= columns:
         return f"topk:{spec.k} keeps {spec.k} of {columns} values a row: K must be below {columns} (or use float32)"
     return None
-
-
-def _normalised(text: str) -> str:
-    return str(parse(text))
-
-
-# a params field that names an encoding: checked (and written canonically) when params load
-Encoding = Annotated[str, AfterValidator(_normalised)]

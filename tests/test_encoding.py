@@ -147,3 +147,11 @@ def test_a_row_with_no_value_stays_so_and_rows_weigh_what_row_bytes_says(text):
     assert torch.isnan(enc.decoded[2]).all() and not torch.isnan(enc.decoded[[0, 1, 3, 4, 5]]).any()
     assert _counted(enc) == 6 * row_bytes(parse(text), 10)
     assert row_bytes(parse("delta:0"), 10) is None
+
+
+def test_the_class_counts_params_check_against_are_the_datasets():
+    from pipeline.config import NUM_CLASSES
+    from pipeline.data.datasets import CIFAR10_CLASSES, FASHION_MNIST_CLASSES, MNIST_CLASSES
+
+    assert NUM_CLASSES == {"fashion_mnist": len(FASHION_MNIST_CLASSES), "mnist": len(MNIST_CLASSES),
+                           "cifar10": len(CIFAR10_CLASSES)}

@@ -7,8 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.capabilities import Only, Supports
-from pipeline.config import MethodParams
-from pipeline.encoding_spec import Encoding
+from pipeline.config import Encoding, MethodParams
 
 
 class FedCacheParams(MethodParams):
