@@ -175,6 +175,7 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     target: the accuracy for bytes and time to target (None: the preset's report.target_acc for its dataset)."""
     from pipeline.experiments.dvc import EXPERIMENTS as PUBLISHED
     from pipeline.results.compare import budget_rows, comparison, differences, method_rows
+    from pipeline.results.compression import compression_rows, encodings, format_compression, goal_lines
     from pipeline.results.report import format_budget, format_differences, format_methods, format_table, verdict_line
     from pipeline.results.store import ResultsDB
 
@@ -191,6 +192,9 @@ def published_table(planned: list, params_file: Path = Path("params.yaml"), targ
     diffs, budget = differences(series), budget_rows(series, target)  # budget: timed runs on one grid
     tail = f"\n\n{verdict_line(diffs)}\n\n{format_differences(diffs)}" if diffs else ""
     tail += f"\n\n{format_budget(budget)}" if budget else ""
+    if any(encodings(s.name) for s in series):  # encoded payloads: each against its own method in float32
+        rows = compression_rows(series, target)
+        tail += "\n\nEncodings against float32:\n\n" + format_compression(rows) + "\n\n" + "\n".join(goal_lines(rows))
     if len({s.seed for s in series}) > 1:  # several seeds: each method over its seeds, then the paired differences
         return f"{format_methods(method_rows(series))}{tail}"
     return f"{format_table(comparison(series, target, baseline=params.report.baseline))}{tail}"
