@@ -1,7 +1,7 @@
 """FedProto's extensions, each on its own against the baseline: accuracy and bytes.
 
     nice -n 10 .venv/bin/python bench/fedproto_extensions.py                 # all variants
-    nice -n 10 .venv/bin/python bench/fedproto_extensions.py --variants baseline compress
+    nice -n 10 .venv/bin/python bench/fedproto_extensions.py --variants baseline int8
 
 The setting (defaults): FashionMNIST, K=10 clients x 200 training samples (Dirichlet alpha from
 params.yaml), ResNet-8, 10 rounds, full participation, the train.* settings of params.yaml.
@@ -26,8 +26,9 @@ VARIANTS: dict[str, dict] = {
     "median": {"prototype": "median"},
     "confidence": {"aggregation": "confidence"},
     "align": {"align": True},
-    "compress": {"compress": True},
-    "compress-0.25": {"compress": True, "topk_fraction": 0.25},
+    "int8": {"encode_up": "int8", "encode_down": "int8"},  # a byte a value both ways (fedproto.encode_up/down)
+    "topk:7": {"encode_up": "topk:7"},  # each prototype's 7 largest-magnitude of 64 values up
+    "topk:16": {"encode_up": "topk:16"},
 }
 
 

@@ -131,6 +131,10 @@ class MethodParams(Section):
     # this section's values for the smallest setting the tests run every method on (3 clients of 30
     # samples, tests/test_conformance.py), where a default is made for 30 clients
     tiny_setting: ClassVar[dict[str, Any]] = {}
+    # the section's encoding keys (pipeline/encoding_spec.py) whose rows hold one value per class (distillation
+    # logits): a top-k must keep fewer values than the dataset has classes, checked when params load. A method whose
+    # rows are something else (FedProto's prototypes) checks its own
+    class_rows: ClassVar[tuple[str, ...]] = ("encode_up", "encode_down")
 
     def check(self, params: Any) -> None:
         """Rules that tie this section to the shared ones (params.train, ...): raise ValueError."""
@@ -327,7 +331,7 @@ class CoreParams(Section):
             section = getattr(self, name, None)
             if not isinstance(section, MethodParams):
                 continue
-            for key in ("encode_up", "encode_down"):  # a distillation payload's rows hold one value per class
+            for key in section.class_rows:
                 value = getattr(section, key, None)
                 why = None if value is None else check_columns(parse_encoding(value), NUM_CLASSES[self.data.dataset])
                 if why:

@@ -1,5 +1,4 @@
-"""FedProto: aggregation (count / uniform / confidence), mean and median prototypes, compression
-round trip and delta mechanism, ledger bytes = payload sizes on a tiny real run, both accuracy
+"""FedProto: aggregation (count / uniform / confidence), mean and median prototypes, ledger bytes = payload sizes on a tiny real run, both accuracy
 readings recorded, the alignment adapter across feature sizes, and state round trip for resume."""
 
 import copy
@@ -15,8 +14,8 @@ from conftest import tiny_params_raw
 from models.resnet import build_model
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
-from pipeline.methods.fedproto.method import (FedProto, aggregate, aggregation_weights, class_prototypes, compress,
-                                          decompress, prototype_mse_rows, topk_count)
+from pipeline.methods.fedproto.method import (FedProto, aggregate, aggregation_weights, class_prototypes,
+                                          prototype_mse_rows)
 from pipeline.federation.ledger import DOWN
 from pipeline.config import ConfigError, parse_params
 from pipeline.federation.clients import Client, to_tensor
@@ -102,50 +101,6 @@ def test_prototype_mse_skips_labels_without_a_global_prototype():
     assert prototype_mse_rows(z, table[y], torch.zeros(3)).sum() == 0
 
 
-# -- compression ---------------------------------------------------------------------------
-
-
-def test_compress_round_trip_error_bounds():
-    gen = torch.Generator().manual_seed(0)
-    proto, ref = torch.randn(5, 40, generator=gen), torch.randn(5, 40, generator=gen)
-    k = topk_count(0.1, 40)
-    assert k == 4
-    sent = compress(proto, ref, k)
-    assert (sent["values"].dtype, sent["indices"].dtype, sent["scales"].dtype) == (torch.int8, torch.int16, torch.float32)
-    assert sent["values"].shape == sent["indices"].shape == (5, 4) and sent["scales"].shape == (5,)
-    delta = proto - ref
-    idx = sent["indices"].long()
-    # the k largest |delta| dims of each row are the ones sent
-    assert torch.equal(delta.abs().gather(1, idx).sort(1).values, delta.abs().topk(4, dim=1).values.sort(1).values)
-    torch.testing.assert_close(sent["scales"], delta.abs().gather(1, idx).amax(1) / 127)
-    recon = decompress(sent["values"], sent["indices"], sent["scales"], ref)
-    err = (recon - proto).abs().gather(1, idx)
-    assert (err <= sent["scales"].unsqueeze(1) / 2 + 1e-6).all()
-    unsent = torch.ones_like(proto, dtype=torch.bool).scatter_(1, idx, False)
-    assert torch.equal(recon[unsent], ref[unsent])  # unsent dims keep the reference
-    # a zero delta is sent as zeros with scale 0 and reconstructs exactly
-    same = compress(ref, ref, k)
-    assert (same["values"] == 0).all() and (same["scales"] == 0).all()
-    assert torch.equal(decompress(same["values"], same["indices"], same["scales"], ref), ref)
-
-
-def test_delta_mechanism_over_two_uploads():
-    gen = torch.Generator().manual_seed(1)
-    D, k = 16, 16  # all dims sent: the error bound holds everywhere
-    p1 = 5 * torch.randn(3, D, generator=gen)
-    p2 = p1 + 0.01 * torch.randn(3, D, generator=gen)
-    r0 = torch.zeros(3, D)
-    s1 = compress(p1, r0, k)
-    r1 = decompress(s1["values"], s1["indices"], s1["scales"], r0)
-    assert ((r1 - p1).abs() <= s1["scales"].unsqueeze(1) / 2 + 1e-6).all()
-    s2 = compress(p2, r1, k)  # the delta to the previous upload's reconstruction, not the prototype itself
-    torch.testing.assert_close(s2["scales"], (p2 - r1).abs().amax(1) / 127)
-    assert (s2["scales"] < s1["scales"] / 5).all()  # small delta -> finer quantization
-    r2 = decompress(s2["values"], s2["indices"], s2["scales"], r1)
-    assert ((r2 - p2).abs() <= s2["scales"].unsqueeze(1) / 2 + 1e-6).all()
-    assert (r2 - p2).abs().max() < (r1 - p1).abs().max()  # the second upload refines the first
-
-
 # -- real runs on the tiny MNIST setting -------------------------------------------------------
 
 
@@ -157,9 +112,9 @@ def _trainer(tiny_workspace, mnist, fedproto: dict, hetero: bool = False):
 
 
 @pytest.mark.parametrize("fedproto,hetero", [
-    ({"compress": False, "eval": "classifier", "aggregation": "count"}, False),
-    ({"compress": True, "topk_fraction": 0.25, "eval": "prototype", "aggregation": "confidence"}, True),
-], ids=["plain-homo", "compressed-hetero"])
+    ({"eval": "classifier", "aggregation": "count"}, False),
+    ({"encode_up": "topk:16", "eval": "prototype", "aggregation": "confidence"}, True),
+], ids=["plain-homo", "topk-hetero"])
 def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mnist, fedproto, hetero):
     _, _, part = tiny_workspace
     trainer = _trainer(tiny_workspace, mnist, fedproto, hetero)
@@ -170,9 +125,8 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
     D, K = 64, part.num_clients
     held = [np.unique(part.train_labels[part.train_offsets[k]:part.train_offsets[k + 1]]) for k in range(K)]
     c_global = len(np.unique(np.concatenate(held)))
-    if fedproto["compress"]:
-        kk = math.ceil(0.25 * D)
-        per_class_up = 8 + 8 + kk * 1 + kk * 2 + 4 + 4  # ids, counts, int8 values, int16 indices, scale, accuracy
+    if "encode_up" in fedproto:
+        per_class_up = 8 + 8 + 16 * (4 + 1) + 4  # ids, counts, 16 float32 values and their uint8 columns, accuracy
     else:
         per_class_up = 8 + 8 + 4 * D
     expected = [] if fedproto.get("align") else [(0, k, "up", "feature_dim", 4) for k in range(K)]  # set-up: its size
@@ -209,12 +163,8 @@ def test_bytes_equal_payload_sizes_and_both_readings_recorded(tiny_workspace, mn
         d = ((f[:, None, :] - g[None]) ** 2).sum(-1).masked_fill(~has, float("inf"))
         accs.append(float((d.argmin(1) == c.y_test).float().mean()))
     assert readings[(2, "acc_prototype")] == pytest.approx(np.mean(accs))
-    if fedproto["compress"]:
-        refs = torch.stack([c.state["prototype_ref"] for c in trainer.clients])
-        assert torch.equal(refs, algo.protos)  # client and server keep the same reconstruction
-        # after two uploads of ceil(0.25*64)=16 dims each, at most 32 dims of each prototype are non-zero
-        nz = (algo.protos[algo.held] != 0).sum(1)
-        assert (nz <= 32).all() and (nz > 16).any()
+    if "encode_up" in fedproto:  # the server aggregates what it decoded: 16 values of each prototype, the rest 0
+        assert ((algo.protos[algo.held] != 0).sum(1) <= 16).all()
 
 
 # -- alignment across feature sizes and state round trip --------------------------------------
@@ -327,7 +277,9 @@ def test_round_figure_follows_the_eval_param(mnist, tmp_path, reading):
 
 
 def test_state_dict_round_trip_resumes_exactly(mnist, tmp_path):
-    fedproto = {"align": True, "align_dim": 16, "compress": True, "aggregation": "confidence"}
+    # deltas both ways: the copies each sender keeps of what its receivers decoded must come back too
+    fedproto = {"align": True, "align_dim": 16, "encode_up": "delta:0.01+int8", "encode_down": "delta:0.01",
+                "aggregation": "confidence"}
     sim = _simulation(mnist, tmp_path, fedproto, _mixed_models(mnist))
     algo = sim.server
     sim.run_round(1, [0, 1])

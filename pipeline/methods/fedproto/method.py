@@ -12,8 +12,7 @@ One round, for each selected client k:
      count), class counts and, for `aggregation: confidence`, the classifier's per-class
      accuracy on those same samples;
   4. up: class ids [c] int64, counts [c] int64, prototypes [c, D] float32 (+ accuracies [c]
-     float32 for confidence). With `compress`, the prototypes travel as a compressed delta
-     (below) instead of the float32 matrix.
+     float32 for confidence), the prototypes encoded with `encode_up` (below).
 After the round, the server aggregates per class over the *latest* upload of every client
 that ever uploaded (partial participation works; clients that never did contribute nothing):
   count      weights = class counts (FedProto's weighted mean, the default)
@@ -41,27 +40,31 @@ Extensions (each behind a param in params.yaml's fedproto section):
   identical on every client; the first is identical among clients with equal feature_dim),
   so the clients' aligned spaces start out compatible. The adapter never leaves the client:
   no bytes for it.
-- `compress`: each upload sends, per class, the delta to the previous upload's server
-  reconstruction r (zero at the start; client and server both keep r and apply the same
-  update), top-k sparsified (k = ceil(topk_fraction * D) largest |delta| dims) and int8
-  quantized with a per-prototype float32 scale max|delta_k| / 127: values int8 [c, k],
-  indices int16 [c, k], scales float32 [c] (+ class ids and counts, and accuracies for
-  confidence). Both sides then do r[idx] += values * scale and the server aggregates r.
-  The download stays float32.
 
-Bytes per selected client and round (c classes held, c' global classes, D prototype dims,
-k sent dims): down = c'*(8 + 4D) (from round 2, or once anything was uploaded);
-up = c*(8 + 8 + 4D) [+ 4c with confidence]; compressed up = c*(8 + 8 + k + 2k + 4) [+ 4c].
+Encodings (pipeline/encoding_spec.py; float32 by default, as the paper sends them): `encode_up` encodes each
+client's prototypes, `encode_down` the global ones, a row per class; class ids, counts and accuracies travel as
+they are. float16, int8 (per prototype: a byte a value, its minimum and step), topk:K (its K largest-magnitude
+values, the others decode to 0) and delta:T[+E] (only the prototypes that moved by more than T since what the
+receiver holds: each sender keeps the receiver's copy, as decoded, in the checkpoint) are allowed; argmax is refused
+when params load (a feature row has no class to point to). The receiver decodes before use: the server aggregates
+the prototypes it decoded, a client pulls toward the global prototypes it decoded. The prototype reading of the
+evaluation compares with the server's global prototypes as they are (a measurement, not traffic).
+
+Bytes per selected client and round (c classes held, c' global classes, D prototype dims, r(D) the bytes of one
+encoded row, pipeline/federation/encoding.py's row_bytes: 4D in float32): down = c'*(8 + r(D)) (from round 2, or
+once anything was uploaded); up = c*(8 + 8 + r(D)) [+ 4c with confidence]. A delta adds a bitmap of the rows (one
+bit each, whole bytes) and sends r(D) only for the rows that moved.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from pipeline.encoding_spec import check_columns
+from pipeline.encoding_spec import parse as parse_encoding
 from pipeline.federation.contract import Evaluation, LocalUpdate, Server, ServerContext, Upload, Wire
+from pipeline.federation.encoding import decode, encode, row_bytes
 from pipeline.federation.ledger import Payload
 from pipeline.errors import ConfigError
 from pipeline.federation.losses import ce_rows
@@ -69,6 +72,8 @@ from pipeline.seeds import torch_generator
 
 ADAPTER_HIDDEN = 128
 FEATURE_DIM = "feature_dim"  # the set-up payload announcing a client's feature size
+PROTOTYPES = "prototypes"  # the payload kind, and the name of its encoded array
+FILL = "zero"  # what top-k's dropped values decode to: a prototype's values are features, kept by magnitude
 
 
 # -- pure functions (unit-tested) -------------------------------------------------------
@@ -129,33 +134,6 @@ def prototype_mse_rows(z: torch.Tensor, prototypes: torch.Tensor, has: torch.Ten
     return (z - prototypes).pow(2).mean(dim=1) * has
 
 
-def topk_count(fraction: float, dim: int) -> int:
-    return min(dim, max(1, math.ceil(fraction * dim)))
-
-
-def compress(proto: torch.Tensor, reference: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
-    """proto, reference [c, D] float32 -> {"values": int8 [c, k], "indices": int16 [c, k], "scales": float32 [c]}:
-    the k largest |proto - reference| dims of each row, int8-quantized with scale max|delta_k| / 127."""
-    c, D = proto.shape
-    assert D < 32768, f"int16 indices need D < 32768, got {D}"
-    assert 1 <= k <= D, f"k must be in [1, {D}], got {k}"
-    delta = proto.float() - reference.float()
-    idx = delta.abs().topk(k, dim=1).indices
-    picked = delta.gather(1, idx)
-    scales = picked.abs().amax(dim=1) / 127.0
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales)).unsqueeze(1)
-    values = (picked / safe).round().clamp_(-127, 127).to(torch.int8)
-    return {"values": values, "indices": idx.to(torch.int16), "scales": scales.float()}
-
-
-def decompress(values: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor, reference: torch.Tensor
-               ) -> torch.Tensor:
-    """The new reconstruction: reference with reference[idx] += values * scale (other dims unchanged)."""
-    out = reference.float().clone()
-    out.scatter_add_(1, indices.long(), values.float() * scales.float().unsqueeze(1))
-    return out
-
-
 def feature_dim(model: nn.Module) -> int:
     dim = getattr(model, "feature_dim", None)
     if dim is None:
@@ -198,12 +176,18 @@ class FedProtoClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.p = params.fedproto
+        self.up, self.down = parse_encoding(self.p.encode_up), parse_encoding(self.p.encode_down)
 
     def setup(self, client):
         """Announce the client's feature size (the prototype size without `align`): one int32, set-up traffic."""
         if self.p.align:  # the prototypes have align_dim entries, known from params
             return Upload()
         return Upload([Payload(FEATURE_DIM, {FEATURE_DIM: torch.tensor([feature_dim(client.model)], dtype=torch.int32)})])
+
+    def _copy(self, client, key: str, dim: int) -> torch.Tensor:
+        """A delta encoding's copy of what the other side holds, [C, dim] (NaN rows: nothing yet), kept in the
+        client's state (so in the checkpoint)."""
+        return client.state.setdefault(key, torch.full((self.num_classes, dim), float("nan")))
 
     def prepare(self, client):
         """With `align`, the client's adapter joins its model (trained by its optimizer, never sent)."""
@@ -217,8 +201,13 @@ class FedProtoClient(LocalUpdate):
         table = torch.zeros(self.num_classes, dim, dtype=torch.float32)  # prototypes travel as float32
         has = torch.zeros(self.num_classes)
         for p in download:  # nothing arrives before the first upload
-            table[p.arrays["class_ids"]] = p.arrays["prototypes"]
-            has[p.arrays["class_ids"]] = 1.0
+            ids = p.arrays["class_ids"]
+            copy = self._copy(client, "global_copy", dim) if self.down.kind == "delta" else None  # as decoded last
+            table[ids] = decode(self.down, PROTOTYPES, p.arrays, held=None if copy is None else copy[ids], columns=dim,
+                                fill=FILL)
+            if copy is not None:
+                copy[ids] = table[ids]
+            has[ids] = 1.0
         y = client.y_train
         return {"prototype": table.to(y.device)[y], "has": has.to(y.device)[y]}
 
@@ -231,7 +220,7 @@ class FedProtoClient(LocalUpdate):
         return rows
 
     def end(self, client, targets, records, round_):
-        """An eval-mode pass over the training data: per-class prototypes (compressed or not), counts
+        """An eval-mode pass over the training data: per-class prototypes (encoded), counts
         and, for confidence aggregation, the classifier's per-class accuracy."""
         C, p = self.num_classes, self.p
         dim = prototype_dim(p, client.model)
@@ -244,14 +233,13 @@ class FedProtoClient(LocalUpdate):
             correct = torch.zeros(C, device=z.device).index_add_(0, y, (logits.argmax(1) == y).float())
             arrays["accuracies"] = (correct[mine] / counts[mine].float()).cpu()
         mine_cpu = mine.cpu()
-        if p.compress:
-            # the client keeps its copy of the server's reconstruction of its uploads
-            ref = client.state.setdefault("prototype_ref", torch.zeros(C, dim))
-            arrays.update(compress(protos[mine].cpu(), ref[mine_cpu], topk_count(p.topk_fraction, dim)))
-            ref[mine_cpu] = decompress(arrays["values"], arrays["indices"], arrays["scales"], ref[mine_cpu])
-        else:
-            arrays["prototypes"] = protos[mine].float().cpu()
-        return Upload([Payload("prototypes", arrays)])
+        copy = self._copy(client, "sent_copy", dim) if self.up.kind == "delta" else None  # as the server decoded them
+        enc = encode(self.up, PROTOTYPES, protos[mine].float().cpu(), held=None if copy is None else copy[mine_cpu],
+                     fill=FILL)
+        if copy is not None:
+            copy[mine_cpu] = enc.decoded
+        arrays.update(enc.parts)
+        return Upload([Payload(PROTOTYPES, arrays)])
 
     def evaluate(self, client, download):
         """Two readings: the local classifier ("classifier"), and the nearest global prototype
@@ -284,14 +272,21 @@ class FedProto(Server):
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         self.p = ctx.params.fedproto
+        self.up, self.down = parse_encoding(self.p.encode_up), parse_encoding(self.p.encode_down)
+        self.sent: dict[int, torch.Tensor] = {}  # delta down: the global prototypes each client decoded last [C, D]
+        # a top-k must drop some of a prototype's values: with align its size is known from params (checked when they
+        # load), else it is the clients' feature size, known here from their architecture, before any training
+        for key, spec in (("encode_up", self.up), ("encode_down", self.down)):
+            why = None if self.p.align or spec.kind != "topk" else check_columns(spec, feature_dim(ctx.initial_model(0)))
+            if why:
+                raise ConfigError(f"fedproto.{key} = {str(spec)!r}: {why} (the prototypes have the clients' feature "
+                                  "size)")
         if self.p.align:
             self._allocate(self.p.align_dim)
         # otherwise the prototype size is the clients' feature size, which their set-up uploads announce
 
     def _allocate(self, D: int) -> None:
-        """The server's tables: the latest upload of every client (the reconstruction when compressing)."""
-        if self.p.compress and D >= 32768:
-            raise ConfigError(f"fedproto.compress sends int16 indices: the prototype size {D} must be below 32768")
+        """The server's tables: the latest upload of every client (as decoded)."""
         K, C = self.ctx.num_clients, self.ctx.num_classes
         self.dim = D
         self.protos = torch.zeros(K, C, D)
@@ -302,14 +297,21 @@ class FedProto(Server):
         self.global_has = torch.zeros(C, dtype=torch.bool)
 
     def wire(self, k):
-        """Up, per class k holds: id, count (int64), [accuracy], the prototype (float32, or its top-k
-        deltas as int8 values, int16 indices and a float32 scale); down, per global class: id, prototype."""
+        """Up, per class k holds: id, count (int64), [accuracy (float32)], the prototype encoded; down, per global
+        class: id, the prototype encoded. A delta's bytes depend on what moved: the ids (and counts, accuracies),
+        a bitmap of the rows and at most every row, in whole bytes."""
         p, C = self.p, self.ctx.num_classes
         D = p.align_dim if p.align else feature_dim(self.ctx.initial_model(k))
-        proto = topk_count(p.topk_fraction, D) * (1 + 2) + 4 if p.compress else 4 * D
-        up = 8 + 8 + (4 if p.aggregation == "confidence" else 0) + proto
         held = len(self.ctx.client_labels(k).unique())
-        return {("up", "prototypes"): Wire(up, held), ("down", "prototypes"): Wire(8 + 4 * D, C, False),
+
+        def rows(spec, fixed: int, n: int, exact: bool) -> Wire:
+            one = row_bytes(spec, D, fill=FILL)
+            if one is not None:
+                return Wire(fixed + one, n, exact)
+            return Wire(1, n * (fixed + row_bytes(spec.inner, D)) + -(-n // 8), exact=False)
+
+        up = rows(self.up, 8 + 8 + (4 if p.aggregation == "confidence" else 0), held, True)
+        return {("up", PROTOTYPES): up, ("down", PROTOTYPES): rows(self.down, 8, C, False),
                 ("up", FEATURE_DIM): Wire(4)}
 
     def setup(self, uploads):
@@ -327,8 +329,17 @@ class FedProto(Server):
         classes = torch.nonzero(self.global_has).flatten()
         if not len(classes):  # nothing to send before the first upload
             return {k: [] for k in selected}
-        return {k: [Payload("prototypes", {"class_ids": classes, "prototypes": self.global_protos[classes].clone()})]
-                for k in selected}
+        rows = self.global_protos[classes]  # a copy (indexed): the clients never share the server's table
+        if self.down.kind != "delta":  # the same encoded rows for every client
+            parts = encode(self.down, PROTOTYPES, rows, fill=FILL).parts
+            return {k: [Payload(PROTOTYPES, {"class_ids": classes, **parts})] for k in selected}
+        downloads = {}
+        for k in selected:  # only what moved since what k decoded last
+            sent = self.sent.setdefault(k, torch.full((self.ctx.num_classes, self.dim), float("nan")))
+            enc = encode(self.down, PROTOTYPES, rows, held=sent[classes], fill=FILL)
+            sent[classes] = enc.decoded
+            downloads[k] = [Payload(PROTOTYPES, {"class_ids": classes, **enc.parts})]
+        return downloads
 
     def aggregate(self, round_, uploads):
         for k, up in uploads.items():
@@ -340,10 +351,8 @@ class FedProto(Server):
     def _receive(self, k: int, arrays: dict[str, torch.Tensor]) -> None:
         """Server side: replace client k's latest upload with what arrived."""
         ids = arrays["class_ids"]
-        if self.p.compress:
-            new = decompress(arrays["values"], arrays["indices"], arrays["scales"], self.protos[k, ids])
-        else:
-            new = arrays["prototypes"]
+        held = self.protos[k, ids] if self.up.kind == "delta" else None  # a delta's unsent rows stay as they were
+        new = decode(self.up, PROTOTYPES, arrays, held=held, columns=self.dim, fill=FILL)
         self.held[k].zero_()
         self.counts[k].zero_()
         self.accuracy[k].zero_()
@@ -373,10 +382,12 @@ class FedProto(Server):
     STATE = ("protos", "counts", "accuracy", "held", "global_protos", "global_has")
 
     def state_dict(self) -> dict:
-        return {name: getattr(self, name).clone() for name in self.STATE}
+        return {**{name: getattr(self, name).clone() for name in self.STATE},
+                "sent": {k: t.clone() for k, t in self.sent.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         if not self.p.align:
             self._allocate(state["protos"].shape[-1])
         for name in self.STATE:
             getattr(self, name).copy_(state[name])
+        self.sent = {int(k): t.clone() for k, t in state.get("sent", {}).items()}
