@@ -155,3 +155,38 @@ def test_the_class_counts_params_check_against_are_the_datasets():
 
     assert NUM_CLASSES == {"fashion_mnist": len(FASHION_MNIST_CLASSES), "mnist": len(MNIST_CLASSES),
                            "cifar10": len(CIFAR10_CLASSES)}
+
+
+# -- topk:F, a fraction of each row (model changes send a whole tensor as one row: pipeline/federation/averaging.py)
+
+@pytest.mark.parametrize("text, fraction", [("topk:0.01", 0.01), ("topk:0.5", 0.5), ("topk:1e-05", 1e-05)])
+def test_a_fraction_spec_reads_back_as_written(text, fraction):
+    spec = parse(text)
+    assert (spec.kind, spec.k, spec.fraction, str(spec)) == ("topk", None, fraction, text)
+    assert str(parse(text.replace("0.5", ".5"))) == text  # written canonically
+
+
+@pytest.mark.parametrize("text", ["topk:1.0", "topk:1.5", "topk:-0.1", "topk:nan", "topk:inf", "topk:0.0", "topk:x"])
+def test_a_fraction_outside_0_to_1_is_refused_saying_what_is_allowed(text):
+    with pytest.raises(ValueError, match=r"topk needs .* or the fraction of them, between 0 and 1"):
+        parse(text)
+
+
+def test_a_fraction_keeps_round_f_times_the_columns_and_at_least_one():
+    spec = parse("topk:0.01")
+    assert [spec.kept(n) for n in (1, 10, 49, 51, 300, 4608)] == [1, 1, 1, 1, 3, 46]
+    assert parse("topk:3").kept(4608) == 3  # a count is a count
+    assert check_columns(parse("topk:0.5"), 10) is None
+    assert "topk:0.95 keeps 10 of 10 values a row: F * 10 must round below 10" in check_columns(parse("topk:0.95"), 10)
+
+
+@pytest.mark.parametrize("columns", [10, 300, 40000])  # columns named by uint8, int16 and int32
+def test_a_fraction_row_weighs_what_row_bytes_says_and_keeps_the_largest(columns):
+    spec = parse("topk:0.01")
+    deltas = torch.randn(2, columns, generator=torch.Generator().manual_seed(columns))
+    enc = encode(spec, "x", deltas, fill="zero")
+    assert _counted(enc) == 2 * row_bytes(spec, columns, fill="zero")
+    k = spec.kept(columns)
+    by_size = deltas.abs().topk(k, dim=1).indices
+    assert torch.equal(enc.decoded.gather(1, by_size), deltas.gather(1, by_size)) and (enc.decoded != 0).sum() == 2 * k
+    assert torch.equal(decode(spec, "x", enc.parts, columns=columns, fill="zero"), enc.decoded)

@@ -38,8 +38,8 @@ def row_bytes(spec: Spec, columns: int, fill: str = "logmeanexp") -> int | None:
     sizes = {"float32": 4 * columns, "float16": 2 * columns, "int8": columns + 8,
              "argmax": torch.tensor([], dtype=column_dtype(columns + 1)).element_size()}
     if spec.kind == "topk":
-        return spec.k * (4 + torch.tensor([], dtype=column_dtype(columns)).element_size()) + (4 if fill == "logmeanexp"
-                                                                                               else 0)
+        return spec.kept(columns) * (4 + torch.tensor([], dtype=column_dtype(columns)).element_size()) + (
+            4 if fill == "logmeanexp" else 0)
     return sizes[spec.kind]
 
 
@@ -82,12 +82,12 @@ def encode(spec: Spec, name: str, rows: torch.Tensor, held: torch.Tensor | None 
                        _dequantize(q, low, step).to(dtype))
     if spec.kind == "topk":
         key = rows if fill == "logmeanexp" else rows.abs()
-        columns = key.topk(spec.k, dim=1).indices.sort(dim=1).values
+        columns = key.topk(spec.kept(d), dim=1).indices.sort(dim=1).values
         values = rows.gather(1, columns)
         parts = {f"{name}.values": values, f"{name}.columns": columns.to(column_dtype(d))}
         if fill == "logmeanexp":
             dropped = rows.scatter(1, columns, float("-inf"))
-            parts[f"{name}.rest"] = torch.logsumexp(dropped, dim=1) - math.log(d - spec.k)
+            parts[f"{name}.rest"] = torch.logsumexp(dropped, dim=1) - math.log(d - spec.kept(d))
         return Encoded(parts, decode(spec, name, parts, columns=d, fill=fill).to(dtype))
     if spec.kind == "argmax":  # a row with a NaN (no value: e.g. a sample without a teacher) travels as column d
         labels = torch.where(torch.isnan(rows).any(dim=1), d, rows.argmax(dim=1))
