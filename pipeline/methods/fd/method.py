@@ -7,14 +7,19 @@ whose class has a teacher, and uploads the mean logits of its samples per class,
 during that epoch (as FD does, at no extra forward pass).
 
 Bytes: up = c*8 (int64 class ids) + c*C*4 (float32 means); down = c'*8 + c'*C*4 for the c'
-held classes that have a teacher.
+held classes that have a teacher. `fd.encode_up` and `fd.encode_down` encode the means and the
+teachers, a row per class (pipeline/encoding_spec.py; the class ids travel as they are): the
+ledger counts the encoded parts, C*4 becoming the encoding's bytes a row, and each side decodes
+before use.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pipeline.encoding_spec import parse as parse_encoding
 from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload, Wire
+from pipeline.federation.encoding import decode, encode, row_bytes
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_ce_rows
 
@@ -35,11 +40,15 @@ def classes_held(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 
 class FDClient(LocalUpdate):
+    def __init__(self, params, num_classes):
+        super().__init__(params, num_classes)
+        self.up, self.down = parse_encoding(params.fd.encode_up), parse_encoding(params.fd.encode_down)
+
     def begin(self, client, download, round_):
         C = self.num_classes
-        table = torch.full((C, C), float("nan"), dtype=torch.float32)  # class logits travel as float32
+        table = torch.full((C, C), float("nan"), dtype=torch.float32)  # class logits as float32 decodes them
         for p in download:
-            table[p.arrays["class_ids"]] = p.arrays["logits"]
+            table[p.arrays["class_ids"]] = decode(self.down, "logits", p.arrays, columns=C)
         return {"teacher": table.to(client.y_train.device)[client.y_train]}  # each sample's class teacher
 
     def loss(self, model, step, phase):
@@ -55,8 +64,8 @@ class FDClient(LocalUpdate):
         sums = torch.zeros(C, C, device=logits.device).index_add_(0, y, logits)
         counts = torch.bincount(y, minlength=C)
         mine = torch.nonzero(counts > 0).flatten()
-        means = (sums[mine] / counts[mine].unsqueeze(1)).float().cpu()  # sent as float32
-        return Upload([Payload("class_logits", {"class_ids": mine.cpu(), "logits": means})])
+        means = (sums[mine] / counts[mine].unsqueeze(1)).float().cpu()  # float32, then encoded
+        return Upload([Payload("class_logits", {"class_ids": mine.cpu(), **encode(self.up, "logits", means).parts})])
 
 
 class FD(Server):
@@ -71,10 +80,13 @@ class FD(Server):
         self.means = torch.zeros(K, C, C, dtype=torch.float32)
         self.held = torch.zeros(K, C, dtype=torch.bool)
         self.classes = [classes_held(ctx.client_labels(k), C) for k in range(K)]
+        self.up, self.down = parse_encoding(ctx.params.fd.encode_up), parse_encoding(ctx.params.fd.encode_down)
 
     def wire(self, k):
-        per_class, held = 8 + 4 * self.ctx.num_classes, int(self.classes[k].sum())
-        return {("up", "class_logits"): Wire(per_class, held), ("down", "class_logits"): Wire(per_class, held, False)}
+        """Per held class: its id (int64) and a row of C logits, as the direction's encoding sends one."""
+        C, held = self.ctx.num_classes, int(self.classes[k].sum())
+        return {("up", "class_logits"): Wire(8 + row_bytes(self.up, C), held),
+                ("down", "class_logits"): Wire(8 + row_bytes(self.down, C), held, False)}
 
     def configure(self, round_, selected):
         teachers = leave_one_out(self.means, self.held)  # from uploads as of round start
@@ -82,8 +94,10 @@ class FD(Server):
         downloads = {}
         for k in selected:
             classes = torch.nonzero(~torch.isnan(teachers[k, :, 0]) & self.classes[k]).flatten()
-            downloads[k] = ([Payload("class_logits", {"class_ids": classes, "logits": teachers[k, classes].clone()})]
-                            if len(classes) else [])
+            downloads[k] = []
+            if len(classes):  # indexing copied the rows
+                sent = encode(self.down, "logits", teachers[k, classes]).parts
+                downloads[k].append(Payload("class_logits", {"class_ids": classes, **sent}))
         return downloads
 
     def aggregate(self, round_, uploads):
@@ -91,7 +105,7 @@ class FD(Server):
             arrays = up.payloads[0].arrays
             self.means[k].zero_()
             self.held[k].zero_()
-            self.means[k, arrays["class_ids"]] = arrays["logits"]
+            self.means[k, arrays["class_ids"]] = decode(self.up, "logits", arrays, columns=self.ctx.num_classes)
             self.held[k, arrays["class_ids"]] = True
 
     def state_dict(self) -> dict:
