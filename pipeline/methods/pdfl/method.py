@@ -61,6 +61,17 @@ Bytes, per directed edge j -> i, on the sender's side (client j, "up", peer i): 
 nbytes of j's state_dict, "knowledge" = C*C*4 (float32 P) + C*8 (int64 n), both in round t;
 "feedback" = nbytes of the optimised copy's state_dict on the edge i -> j (sender i, peer j),
 counted when it is delivered, i.e. in the round of j's next download (t + 1 when j takes part).
+
+Encodings (float32 by default, as above): `encode_models` encodes the model states a client relays, its own model
+and its feedback copies (float16 or int8 per tensor row, pipeline/federation/averaging.py's encode_state; integer
+buffers as they are), `encode_knowledge` its knowledge P (pipeline/encoding_spec.py; the counts travel as they are):
+float16 and int8 encode P's rows as probabilities; topk:K and argmax, made for logits, encode log P, so top-k's
+dropped classes decode to the mean of their probabilities and argmax to a hard prediction (softmax of the decoded
+logits); delta is refused (one payload goes to neighbours that change from round to round: no one receiver's copy
+to send a change against). The sender encodes once, the simulator delivers the encoded parts on every edge (and
+counts them there), and each receiver decodes before use: the models it runs and optimises, the knowledge its
+attention keys are made of (zero rows for classes the sender lacks). Bytes per edge then follow the encoding:
+a model's encoded parts, C rows of P encoded (pipeline/federation/encoding.py's row_bytes) + C*8.
 The topology is written to <run_dir>/topology.json (per-round edges when time-varying).
 Diagnostics (round metrics, means over the selected clients): `student_acc`, the client's own model on its
 training samples at the start of the round (as last published); `internal_teacher_acc` and
@@ -76,8 +87,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pipeline.encoding_spec import Spec
+from pipeline.encoding_spec import parse as parse_encoding
+from pipeline.federation.averaging import decode_state, encode_state
 from pipeline.federation.clients import Client
 from pipeline.federation.contract import LocalUpdate, Server, Phase, ServerContext, Upload, Wire, state_bytes
+from pipeline.federation.encoding import decode, encode, row_bytes
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, soft_kd_rows
 from pipeline.seeds import torch_generator
@@ -90,6 +105,39 @@ ATTENTION = "attention<-"  # a metric of the upload: the client's weight on neig
 def model_state(model: torch.nn.Module) -> State:
     """A detached copy of the whole state_dict (what travels as a model copy)."""
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+# -- what travels between peers, encoded (pdfl.encode_models, pdfl.encode_knowledge) ---------------------------
+
+LOG_SPACE = ("topk", "argmax")  # encodings made for logits: P's rows travel as log P
+
+
+def encode_model(spec: Spec, state: State) -> State:
+    """A model state as it travels: as it is in float32, else every floating tensor's rows encoded."""
+    return state if spec.lossless else encode_state(spec, state)[0]
+
+
+def decode_model(spec: Spec, arrays: State, template: State) -> State:
+    """The receiver's side: `template` (the receiver's own state: one architecture for all) gives names and shapes."""
+    return arrays if spec.lossless else decode_state(spec, arrays, template)
+
+
+def encode_knowledge(spec: Spec, soft: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """P [C, C] encoded, a row per class (as probabilities, or as log P for top-k and argmax), the counts as they
+    are. Log P of a class the sender lacks is -inf throughout; the receiver zeroes that row by its count."""
+    rows = soft.log() if spec.kind in LOG_SPACE else soft
+    return {**encode(spec, "soft", rows).parts, "counts": counts}
+
+
+def decode_knowledge(spec: Spec, arrays: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
+    """The receiver's side of encode_knowledge: {"soft": P, "counts": n}, P's rows of absent classes zero."""
+    if spec.lossless:
+        return arrays
+    counts = arrays["counts"]
+    soft = decode(spec, "soft", arrays, columns=num_classes).float()
+    if spec.kind in LOG_SPACE:  # back to probabilities: top-k's rest keeps its mass, argmax becomes a hard label
+        soft = torch.softmax(soft, dim=1)
+    return {"soft": torch.where(counts[:, None] > 0, soft, torch.zeros_like(soft)), "counts": counts}
 
 
 def representations(soft: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -296,11 +344,18 @@ class PDFLClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.p = params.pdfl
+        self.models_code, self.knowledge_code = parse_encoding(self.p.encode_models), parse_encoding(
+            self.p.encode_knowledge)
 
     def setup(self, client):
         """Round 0: publish the knowledge of the initial model, and the model (sent in round 1)."""
         publish(client, self.num_classes, self.p.T, self.params.train.eval_batch_size)
-        return Upload(relay=published(client))
+        return Upload(relay=self.published(client))
+
+    def published(self, client: Client) -> list[Payload]:
+        """What a client publishes to its neighbours, encoded once for all of them: its model and its knowledge."""
+        return [Payload("model", encode_model(self.models_code, model_state(client.model))),
+                Payload("knowledge", encode_knowledge(self.knowledge_code, client.state["soft"], client.state["counts"]))]
 
     def phases(self, round_):
         head, body = Phase(0, is_head, "head"), Phase(1, is_body, "body")
@@ -320,9 +375,13 @@ class PDFLClient(LocalUpdate):
         internal (top-k, calibrated) and external (feedback) per-sample teachers."""
         p = self.p
         bs = self.params.train.eval_batch_size
-        models = {m.sender: m.arrays for m in download if m.kind == "model"}
-        knowledge = {m.sender: m.arrays for m in download if m.kind == "knowledge"}
-        feedback = sorted(((m.sender, m.arrays) for m in download if m.kind == "feedback"), key=lambda f: f[0])
+        # what the peers relayed, decoded (the client's own state gives the models' names and shapes)
+        template, C = client.model.state_dict(), self.num_classes
+        models = {m.sender: decode_model(self.models_code, m.arrays, template) for m in download if m.kind == "model"}
+        knowledge = {m.sender: decode_knowledge(self.knowledge_code, m.arrays, C) for m in download
+                     if m.kind == "knowledge"}
+        feedback = sorted(((m.sender, decode_model(self.models_code, m.arrays, template)) for m in download
+                           if m.kind == "feedback"), key=lambda f: f[0])
         J = sorted(models)
         x, y = client.x_train, client.y_train
         n = len(y)
@@ -430,16 +489,11 @@ class PDFLClient(LocalUpdate):
     def _upload(self, client, feedback: dict[int, State]) -> Upload:
         """What i relays (its model and knowledge to its neighbours, each feedback copy to its peer) and its
         diagnostics: the round's teacher accuracies and its attention weight on each neighbour."""
-        relay = [*published(client), *(Payload("feedback", state, receiver=j) for j, state in sorted(feedback.items()))]
+        relay = [*self.published(client), *(Payload("feedback", encode_model(self.models_code, state), receiver=j)
+                                            for j, state in sorted(feedback.items()))]
         attention = {f"{ATTENTION}{j}": float(w) for j, w in zip(client.state["neighbours"].tolist(),
                                                                   client.state["weights"].tolist())}
         return Upload(relay=relay, metrics={**client.state.pop("diag", {}), **attention})
-
-
-def published(client: Client) -> list[Payload]:
-    """What a client publishes to its neighbours: its model and its knowledge (P_i, n_i)."""
-    return [Payload("model", model_state(client.model)),
-            Payload("knowledge", {"soft": client.state["soft"], "counts": client.state["counts"]})]
 
 
 def publish(client: Client, num_classes: int, T: float, batch_size: int) -> None:
@@ -460,11 +514,13 @@ class PDFL(Server):
     def __init__(self, ctx: ServerContext):
         super().__init__(ctx)
         self.p = ctx.params.pdfl
-        K, C = ctx.num_clients, ctx.num_classes
-        self.topology = Topology(K, self.p, ctx.params.seed)  # a ConfigError here, before any training
-        self.soft = torch.zeros(K, C, C)  # each client's latest knowledge, as its neighbours would receive it
-        self.counts = torch.zeros(K, C, dtype=torch.int64)
-        self.models: dict[int, State] = {}  # each client's latest published model (after its last training)
+        self.topology = Topology(ctx.num_clients, self.p, ctx.params.seed)  # a ConfigError here, before any training
+        # what each client last published, as it travels (encoded): its knowledge and its model (after its last
+        # training); the simulator forwards them, it never decodes them
+        self.knowledge: dict[int, dict[str, torch.Tensor]] = {}
+        self.models: dict[int, State] = {}
+        self.models_code, self.knowledge_code = parse_encoding(self.p.encode_models), parse_encoding(
+            self.p.encode_knowledge)
         # the network simulator's undelivered feedback: receiver -> sender -> optimised copy (latest only)
         self.feedback: dict[int, dict[int, State]] = {}
         self.stats: dict[int, dict[str, float]] = {}  # round -> extras (diagnostics of the round just trained)
@@ -473,9 +529,10 @@ class PDFL(Server):
     def wire(self, k):
         """Per directed edge k -> i, on k's side: its model and its knowledge; the feedback copy k
         optimised for i (i's architecture: every client has the same one)."""
-        model, C = state_bytes(self.ctx.initial_model(k)), self.ctx.num_classes
-        return {("up", "model"): Wire(model), ("up", "knowledge"): Wire(4 * C * C + 8 * C),
-                ("up", "feedback"): Wire(model)}
+        C = self.ctx.num_classes
+        model = state_bytes(encode_model(self.models_code, model_state(self.ctx.initial_model(k))))
+        knowledge = C * row_bytes(self.knowledge_code, C) + 8 * C  # P's rows encoded, n as int64
+        return {("up", "model"): Wire(model), ("up", "knowledge"): Wire(knowledge), ("up", "feedback"): Wire(model)}
 
     def setup(self, uploads):
         # No common body: nothing is averaged, so every client keeps its own initial model (as local-only).
@@ -490,7 +547,7 @@ class PDFL(Server):
             if p.kind == "model":
                 self.models[i] = p.arrays
             elif p.kind == "knowledge":
-                self.soft[i], self.counts[i] = p.arrays["soft"], p.arrays["counts"]
+                self.knowledge[i] = {name: t.clone() for name, t in p.arrays.items()}
             elif p.kind == "feedback":
                 self.feedback.setdefault(p.receiver, {})[i] = p.arrays
             else:
@@ -507,8 +564,7 @@ class PDFL(Server):
             downloads[i] = []
             for j in (int(j) for j in neighbours[i]):  # what travels over the edge j -> i
                 downloads[i] += [Payload("model", models[j], sender=j),
-                                 Payload("knowledge", {"soft": self.soft[j].clone(), "counts": self.counts[j].clone()},
-                                         sender=j)]
+                                 Payload("knowledge", {n: t.clone() for n, t in self.knowledge[j].items()}, sender=j)]
             for s, state in sorted(self.feedback.pop(i, {}).items()):  # optimised for i by s in an earlier round
                 downloads[i].append(Payload("feedback", state, sender=s))
                 delivered += 1
@@ -542,12 +598,15 @@ class PDFL(Server):
         self.stats = {r: s for r, s in self.stats.items() if r == round_}
 
     def state_dict(self) -> dict:
-        return {"soft": self.soft.clone(), "counts": self.counts.clone(), "topology": self.topology.state_dict(),
+        return {"knowledge": {i: dict(k) for i, k in self.knowledge.items()}, "topology": self.topology.state_dict(),
                 "models": dict(self.models), "feedback": {j: dict(by) for j, by in self.feedback.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.soft.copy_(state["soft"])
-        self.counts.copy_(state["counts"])
+        if "knowledge" in state:
+            self.knowledge = {int(i): dict(k) for i, k in state["knowledge"].items()}
+        else:  # a checkpoint from before the encodings: every client's float32 knowledge in two tables
+            self.knowledge = {i: {"soft": s.clone(), "counts": n.clone()}
+                              for i, (s, n) in enumerate(zip(state["soft"], state["counts"]))}
         self.topology.load_state_dict(state["topology"])
         self.models = {int(k): m for k, m in state["models"].items()}
         self.feedback = {int(j): {int(i): s for i, s in by.items()} for j, by in state["feedback"].items()}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.capabilities import Never, Supports
-from pipeline.config import MethodParams
+from pipeline.config import Encoding, MethodParams
 
 
 class PDFLParams(MethodParams):
@@ -15,6 +15,7 @@ class PDFLParams(MethodParams):
         heterogeneous=Never("trains copies of its neighbours' models (one architecture for all)"))
     # 3 clients: the complete graph; 2 steps of each inner optimisation exercise them as 10 or 20 do
     tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2, "external_steps": 2, "attention_steps": 2}
+    class_rows: ClassVar[tuple[str, ...]] = ("encode_knowledge",)  # a row of P holds one value per class
 
     edge_prob: float = Field(0.25, gt=0, le=1)
     min_degree: int = Field(4, ge=1)
@@ -35,3 +36,18 @@ class PDFLParams(MethodParams):
     kd_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
     T: float = Field(3.0, gt=0, allow_inf_nan=False)
     top_k: int = Field(2, ge=1)
+    # how what a client relays travels on every edge (pipeline/methods/pdfl/method.py): the model states (its own
+    # model and the feedback copies it trained for peers) as float32 | float16 | int8 (per tensor row), its
+    # knowledge P as float32 | float16 | int8 | topk:K | argmax (no delta); float32 as the paper sends them
+    encode_models: Literal["float32", "float16", "int8"] = "float32"
+    encode_knowledge: Encoding = "float32"
+
+    @field_validator("encode_knowledge")
+    @classmethod
+    def _no_delta(cls, value: str) -> str:
+        if value.startswith("delta"):
+            raise ValueError(f"pdfl.encode_knowledge = {value!r}: a client relays one knowledge payload to all its "
+                             "neighbours, which need not hold the same copy of its last one (a neighbour it missed, a "
+                             "neighbourhood that changes), so there is no one receiver's copy to send a change "
+                             "against: use float32, float16, int8, topk:K or argmax")
+        return value
