@@ -22,7 +22,7 @@ import torch
 from pipeline.encoding_spec import Spec
 from pipeline.encoding_spec import parse as parse_encoding
 from pipeline.federation.contract import SAMPLE_COUNT, Server, ServerContext, Wire, state_bytes, weight_of
-from pipeline.federation.encoding import decode, encode
+from pipeline.federation.encoding import decode, encode, row_bytes
 from pipeline.federation.ledger import Payload
 
 
@@ -59,9 +59,12 @@ def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 # -- encoded states (`<method>.encode_down`: the global state; `<method>.encode_up`: the client's change to it) --
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """A tensor as rows: its first dimension (a layer's output channels) by the rest; a scalar is one row."""
-    return t.reshape(t.shape[0] if t.dim() else 1, -1)
+def _row_shape(spec: Spec, t: torch.Tensor) -> tuple[int, int]:
+    """The rows a tensor is encoded as: its first dimension (a layer's output channels) by the rest, a scalar one
+    row; for top-k the whole tensor is one row, so it keeps the tensor's largest entries wherever they are."""
+    if spec.kind == "topk" or not t.dim():
+        return 1, t.numel()
+    return t.shape[0], t.numel() // t.shape[0]
 
 
 def encode_state(spec: Spec, state: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None = None
@@ -75,7 +78,7 @@ def encode_state(spec: Spec, state: dict[str, torch.Tensor], base: dict[str, tor
             parts[name], decoded[name] = t.clone(), t.clone()
             continue
         change = t if base is None else t - base[name]
-        enc = encode(spec, name, _rows(change), fill="zero")
+        enc = encode(spec, name, change.reshape(_row_shape(spec, t)), fill="zero")
         parts.update(enc.parts)
         decoded[name] = (enc.decoded.reshape(t.shape) if base is None else base[name] + enc.decoded.reshape(t.shape))
     return parts, decoded
@@ -89,10 +92,26 @@ def decode_state(spec: Spec, parts: dict[str, torch.Tensor], template: dict[str,
         if not t.is_floating_point():
             out[name] = parts[name]
             continue
-        rows = _rows(t)
-        values = decode(spec, name, parts, columns=rows.shape[1], fill="zero").to(t.dtype).reshape(t.shape)
+        columns = _row_shape(spec, t)[1]
+        values = decode(spec, name, parts, columns=columns, fill="zero").to(t.dtype).reshape(t.shape)
         out[name] = values if base is None else base[name] + values
     return out
+
+
+def state_size(spec: Spec, state: dict[str, torch.Tensor]) -> int:
+    """What encode_state makes of a state of these shapes weighs, from the shapes alone (row_bytes: a float32,
+    float16 or int8 row of d values weighs 4d, 2d or d + 8 bytes; a tensor of n entries at topk:F, one row,
+    round(F * n) values of 4 bytes and their positions, 1, 2 or 4 bytes each by n); integer buffers as they are."""
+    if spec.lossless:
+        return state_bytes(state)
+    total = 0
+    for t in state.values():
+        if not t.is_floating_point():
+            total += t.numel() * t.element_size()
+            continue
+        rows, columns = _row_shape(spec, t)
+        total += rows * row_bytes(spec, columns, fill="zero")
+    return total
 
 
 def receive_state(client, payload: Payload, codes: tuple[Spec, Spec], template: dict[str, torch.Tensor]
@@ -106,12 +125,31 @@ def receive_state(client, payload: Payload, codes: tuple[Spec, Spec], template: 
     return state
 
 
+def encode_change(client, spec: Spec, state: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
+                  feedback: bool | None = None) -> dict[str, torch.Tensor]:
+    """The parts of a client's change from `base` (what it started from) to `state`, encoded; integer buffers travel
+    as they are. With `feedback` (top-k's default) error feedback (Stich et al. 2018, Karimireddy et al. 2019): the
+    client adds to its change what its earlier encodings left out (client.state["residual"], per tensor,
+    checkpointed with the client) and keeps what this one leaves out, so every entry's change is sent in the end."""
+    feedback = spec.kind == "topk" if feedback is None else feedback
+    residual = client.state.get("residual", {}) if feedback else {}
+    change = {}
+    for name, t in state.items():
+        t = t.detach().cpu()
+        if t.is_floating_point():
+            t = t - base[name] + residual[name] if name in residual else t - base[name]
+        change[name] = t
+    parts, sent = encode_state(spec, change)
+    if feedback:  # a method may encode its state in pieces (FedAlt's blocks): each keeps its own tensors' residuals
+        client.state["residual"] = {**residual, **{n: t - sent[n] for n, t in change.items() if t.is_floating_point()}}
+    return parts
+
+
 def state_payload(client, state: dict[str, torch.Tensor], up: Spec) -> Payload:
     """A client's upload of its state: as it is in float32, else its change to the global it received, encoded."""
     if up.lossless:
         return Payload("params", state)
-    parts, _ = encode_state(up, state, base=client.state["received"])
-    return Payload("params", parts)
+    return Payload("params", encode_change(client, up, state, client.state["received"]))
 
 
 def state_codes(params, method: str) -> tuple[Spec, Spec]:
@@ -139,12 +177,9 @@ class ParameterAveraging(Server):
 
     def wire(self, k):
         """The global state down, the client's state of the same tensors up with its sample count (int32); encoded,
-        what the encoding makes of a state of these shapes."""
-        def size(spec: Spec) -> int:
-            return state_bytes(self.global_state if spec.lossless else encode_state(spec, self.global_state)[0])
-
-        return {("down", "params"): Wire(size(self.down)), ("up", "params"): Wire(size(self.up)),
-                ("up", SAMPLE_COUNT): Wire(4)}
+        what the encoding makes of a state of these shapes (`state_size`)."""
+        return {("down", "params"): Wire(state_size(self.down, self.global_state)),
+                ("up", "params"): Wire(state_size(self.up, self.global_state)), ("up", SAMPLE_COUNT): Wire(4)}
 
     def configure(self, round_, selected):
         if self.asynchronous:  # what an arriving upload's staleness is counted from

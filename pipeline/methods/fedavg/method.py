@@ -12,7 +12,8 @@ client's test split. The other reading is stored too, as round metric `acc_globa
 
 Bytes per selected client and round: the nbytes of every state_dict tensor, down and up; with `fedavg.encode_down`
 / `encode_up` (float16, int8 per tensor row: pipeline/federation/averaging.py) the global state travels encoded
-down and each client's change to it up.
+down and each client's change to it up; up also topk:F (the fraction F of each tensor's entries, the largest in
+magnitude, with error feedback: what a client leaves out it adds to its next change).
 """
 
 from __future__ import annotations

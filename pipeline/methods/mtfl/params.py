@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from pipeline.capabilities import Never, Supports
-from pipeline.config import MethodParams
+from pipeline.federation.averaging_params import AveragingParams
 
 
-class MTFLParams(MethodParams):
+class MTFLParams(AveragingParams):  # encode_down, encode_up: there
     # FedAsync under async (pipeline/federation/averaging.py)
     supports: ClassVar[Supports] = Supports(schedules={"async": True},
                                             heterogeneous=Never("averages model parameters"))
@@ -17,7 +17,3 @@ class MTFLParams(MethodParams):
     # client's private BatchNorm, before any local training on them; after_local: the client's model as
     # its local training left it (the other reading is kept as a round metric either way)
     eval: Literal["before_local", "after_local"] = "before_local"
-    # how the global state travels down and each client's change to it up: float32 (as computed) | float16 |
-    # int8 (a byte a value, a minimum and step per tensor row: pipeline/federation/averaging.py)
-    encode_down: Literal["float32", "float16", "int8"] = "float32"
-    encode_up: Literal["float32", "float16", "int8"] = "float32"

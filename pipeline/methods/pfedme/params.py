@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
 from pipeline.capabilities import Never, Supports
-from pipeline.config import MethodParams
+from pipeline.federation.averaging_params import AveragingParams
 
 
-class PFedMeParams(MethodParams):
+class PFedMeParams(AveragingParams):  # encode_down, encode_up: there
     supports: ClassVar[Supports] = Supports(
         executors={"vectorized": Never("pfedme moves each client's local copy w toward its own personal model after "
                                        "every step")},
@@ -27,7 +27,3 @@ class PFedMeParams(MethodParams):
     # learned far slower (scaled Table 5, round 1: 0.236 at 0.09, 0.418 at 0.01; docs/methods/pfedme.md)
     personal_lr: float = Field(0.01, gt=0, allow_inf_nan=False)
     mu: float = Field(0.001, ge=0, allow_inf_nan=False)
-    # how the global state travels down and each client's change to it up: float32 (as computed) | float16 |
-    # int8 (a byte a value, a minimum and step per tensor row: pipeline/federation/averaging.py)
-    encode_down: Literal["float32", "float16", "int8"] = "float32"
-    encode_up: Literal["float32", "float16", "int8"] = "float32"
