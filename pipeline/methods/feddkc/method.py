@@ -44,9 +44,7 @@ def kkr(probs: torch.Tensor, peak: float) -> torch.Tensor:
 
 
 class FedDKCClient(GKTClient):
-    def __init__(self, params, num_classes):
-        super().__init__(params, num_classes)
-        self.beta = params.feddkc.beta
+    method = "feddkc"
 
     def client_kd_rows(self, logits, step):
         return kd_rows(logits, step.t["teacher"], self.params.feddkc.temperature)

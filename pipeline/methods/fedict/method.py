@@ -48,9 +48,7 @@ def fpkd_rows(student: torch.Tensor, teacher_logits: torch.Tensor, prior: torch.
 
 
 class FedICTClient(GKTClient):
-    def __init__(self, params, num_classes):
-        super().__init__(params, num_classes)
-        self.beta = params.fedict.beta
+    method = "fedict"
 
     def targets(self, client):
         prior = label_distribution(client.y_train, self.num_classes).to(client.y_train.device)
