@@ -194,12 +194,48 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
     return alt.layer(base, rules).properties(title=wrapped_title(title))
 
 
+# A point's shape says how its run's payloads travel (data.pareto_points' `encoding`): by the encoding's kind
+# (pipeline/encoding_spec.py), so "topk:3" and "topk:5" share one; a mixed encoding ("up int8, down float16") one of
+# the rest, picked by its text
+ENCODING_SHAPES = {"float32": "circle", "float16": "diamond", "int8": "square", "argmax": "triangle-up",
+                   "topk": "cross", "delta": "triangle-down"}
+OTHER_SHAPES = ["triangle-right", "triangle-left", "wedge", "arrow"]
+
+
+def encoding_shape(encoding: str) -> str:
+    kind = str(encoding).split(":")[0]
+    return ENCODING_SHAPES.get(kind) or _stable(encoding, OTHER_SHAPES)
+
+
+def encoding_order(encodings) -> list[str]:
+    """The encodings shown, as the shape legend lists them: float32 first, then from the most bytes a value to the
+    fewest (ENCODING_SHAPES' order), mixed ones last, each kind's in the order met."""
+    kinds = list(ENCODING_SHAPES)
+    found = list(dict.fromkeys(str(e) for e in encodings))
+    return sorted(found, key=lambda e: kinds.index(k) if (k := e.split(":")[0]) in kinds else len(kinds))
+
+
+def encoding_shape_channel(encodings) -> alt.Shape:
+    """Each encoding its point shape (encoding_shape); a legend titled "encoding" when the points have more than
+    one (all float32, as before encodings, they stay plain circles with no legend). The legend stands right of the
+    plot: beside the runs' legend under it, the two would be wider than the plot, which Vega then narrows."""
+    domain = encoding_order(encodings)
+    legend = alt.Legend(orient="right", title="encoding", labelLimit=160, symbolFillColor="#888",
+                        symbolStrokeColor="#555") if len(domain) > 1 else None
+    return alt.Shape("encoding:N", title="encoding", legend=legend,
+                     scale=alt.Scale(domain=domain, range=[encoding_shape(e) for e in domain]))
+
+
 def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
     """MAUA against bytes (log x), one point per run in its method's colour with its MAUA's 95% interval as an
-    error bar (bytes are counted: no bar); the Pareto frontier (data.pareto_points) filled, joined by a staircase
-    and labelled, the runs tied on it (its band) pale and labelled '(tied)', the runs off it hollow. Runs that send
-    nothing become dashed rules at their MAUA over a pale band of its interval, as in the accuracy-vs-bytes chart."""
+    error bar (bytes are counted: no bar), in its encoding's shape (encoding_shape_channel: a legend titled
+    "encoding" when they differ; the tooltip names it); the Pareto frontier (data.pareto_points) filled, joined by
+    a staircase and labelled, the runs tied on it (its band) pale and labelled '(tied)', the runs off it hollow. Runs
+    that send nothing become dashed rules at their MAUA over a pale band of its interval, as in the
+    accuracy-vs-bytes chart."""
     runs = _runs_of(points, runs)
+    if "encoding" not in points:
+        points = points.assign(encoding="float32")
     points = points.assign(
         status=["tied" if t else "frontier" if f else "off" for f, t in zip(points["frontier"], points["tied"])]
         if "tied" in points else ["frontier" if f else "off" for f in points["frontier"]],
@@ -212,7 +248,8 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
     x = alt.X("bytes:Q", title="bytes to the last round (log; counted, exact)", scale=alt.Scale(type="log", domain=[
         decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL))
     y = alt.Y("maua:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
-    tips = [alt.Tooltip("run:N"), alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
+    tips = [alt.Tooltip("run:N"), alt.Tooltip("encoding:N", title="encoding"),
+            alt.Tooltip("maua:Q", format=".2%", title="MAUA"),
             alt.Tooltip("maua_low:Q", format=".2%", title="95% interval from"),
             alt.Tooltip("maua_high:Q", format=".2%", title="95% interval to"),
             alt.Tooltip("bytes:Q", format=",", title="bytes (B, exact)"), alt.Tooltip("status:N", title="frontier")]
@@ -221,7 +258,8 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
         x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False)), y2="maua_high:Q",
         color=color, tooltip=tips)
     dots = alt.Chart(sent).mark_point(size=110, strokeWidth=2).encode(
-        x=x, y=y, color=color, fill=alt.condition("datum.status != 'off'", color, alt.value("transparent")),
+        x=x, y=y, color=color, shape=encoding_shape_channel(sent["encoding"]),
+        fill=alt.condition("datum.status != 'off'", color, alt.value("transparent")),
         fillOpacity=alt.condition("datum.status == 'tied'", alt.value(0.35), alt.value(1.0)), tooltip=tips)
     best = sent[sent["status"] == "frontier"]
     stairs = alt.Chart(best).mark_line(interpolate="step-after", color="#555", strokeDash=[4, 3]).encode(x=x, y=y)

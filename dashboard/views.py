@@ -67,7 +67,7 @@ def view_overview(snap: data.Snapshot, ids: list[str], include_setup: bool, base
     # the curves next (they need no interval), then what compares runs with 95% intervals
     _curves(snap, series, curves, zero, labels, charts_area, group_seeds)
     _differences(snap, series, group_seeds)
-    _pareto(table, labels, include_setup, series)
+    _pareto(table, labels, include_setup, series, method_labels(snap))
     _paper_table(snap, ids, target, include_setup, series)
 
 
@@ -129,10 +129,20 @@ def _differences(snap: data.Snapshot, series: list, group_seeds: bool) -> None:
                "clients (partition).")
 
 
-def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, series: list | None = None) -> None:
+def method_labels(snap: data.Snapshot) -> dict[str, str]:
+    """run_id -> what ran, as the run stored it ('fedcache (consistency=round, encode_up=int8)'; absent for a run
+    from before labels): where the Pareto view reads each run's encoding."""
+    if "method_label" not in snap.runs:
+        return {}
+    return {r: m for r, m in zip(snap.runs["run_id"], snap.runs["method_label"]) if isinstance(m, str) and m}
+
+
+def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, series: list | None = None,
+            methods: dict[str, str] | None = None) -> None:
     """MAUA (with its 95% interval) against bytes (exact) with the Pareto frontier: the runs no other run beats
-    on both, a tie in MAUA counting as no win (data.pareto_points)."""
-    points = data.pareto_points(table, include_setup, series)
+    on both, a tie in MAUA counting as no win (data.pareto_points); each run's encoding its point's shape
+    (`methods`: run_id -> method label, whose encode_* knobs name it)."""
+    points = data.pareto_points(table, include_setup, series, methods)
     if points.empty:
         return
     left, right = st.columns([3, 2])
@@ -143,21 +153,28 @@ def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, se
     # a list, not a grid: a second data grid on the first tab cost ~0.8 s of page load (bench/dashboard_load.py)
     firm, band = points[points["frontier"] & ~points["tied"]], points[points["frontier"] & points["tied"]]
 
-    def item(row) -> str:
-        return f"- {row.run}: {data.accuracy_text(row.maua, row.maua_low, row.maua_high)}, {data.fmt_bytes(row.bytes)}"
-
     if len(firm):
         right.markdown("**On the frontier**: no other selected run is ahead of it for as few bytes, nor tied with it "
-                       "on the frontier\n\n" + "\n".join(item(r) for r in firm.itertuples()))
+                       "on the frontier\n\n" + "\n".join(pareto_item(r) for r in firm.itertuples()))
     if len(band):
         right.markdown("**Tied (the frontier's band)**: no other run is ahead of it for as few bytes, but it is tied "
                        "in MAUA with another run there (neither is the better)\n\n"
-                       + "\n".join(f"{item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
+                       + "\n".join(f"{pareto_item(r)}; tied with {r.tied_with}" for r in band.itertuples()))
     right.caption(f"Bytes: {'all' if include_setup else 'training'} traffic up to each run's last round"
                   f"{'' if include_setup else ' (set-up left out)'}; counted, so exact (no error bar). Error bars: "
                   "MAUA's 95% interval over clients. A run is off the frontier (hollow) only when another run with no "
                   "more bytes is ahead of it beyond a tie: their paired difference's interval (same seed and "
-                  "clients), else their own intervals not overlapping. Pale: tied.")
+                  "clients), else their own intervals not overlapping. Pale: tied."
+                  + (" Shapes: each run's payload encoding (its encode_* params; float32: a circle)."
+                     if points["encoding"].nunique() > 1 else ""))
+
+
+def pareto_item(row) -> str:
+    """A run of the Pareto lists: '- <run> (<encoding>): <MAUA [95% interval]>, <bytes>', its encoding named unless
+    float32 (what every run sent before encodings) or the run's name says it already (its encode_* knobs)."""
+    said = row.encoding == "float32" or "encode_" in row.run
+    return (f"- {row.run}{'' if said else f' ({row.encoding})'}: "
+            f"{data.accuracy_text(row.maua, row.maua_low, row.maua_high)}, {data.fmt_bytes(row.bytes)}")
 
 
 def url_target() -> float | None:

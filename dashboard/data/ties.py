@@ -13,6 +13,7 @@ import pandas as pd
 from dashboard.data.load import Snapshot
 from pipeline.results import compare
 from pipeline.results.compare import RunSeries
+from pipeline.results.compression import encoding_text
 from pipeline.results.intervals import Interval, paired_difference, percent
 
 
@@ -231,9 +232,16 @@ def default_baseline(algorithms) -> str:
     return "fedavg" if "fedavg" in set(algorithms) else COSTLIEST
 
 
+def method_label(run: str) -> str:
+    """What ran, read back from a run's name ('fedcache (encode_up=int8)/homo d663c8' -> 'fedcache
+    (encode_up=int8)': load.run_labels writes '<method label>/<setting> <experiment or id>'); a name without
+    '/' (a run id, when two names would be the same) as it is."""
+    return run.rsplit("/", 1)[0]
+
+
 def pareto_points(table: pd.DataFrame, include_setup: bool = True,
-                  runs: list[RunSeries] | None = None) -> pd.DataFrame:
-    """comparison_frame's runs as (run, algorithm, maua with maua_low/maua_high, bytes) placed against the
+                  runs: list[RunSeries] | None = None, labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """comparison_frame's runs as (run, algorithm, encoding, maua with maua_low/maua_high, bytes) placed against the
     accuracy-vs-bytes trade-off, counting ties. Bytes are the run's total up to its last round (set-up included
     or not): counted, exact. MAUA is an estimate with a 95% interval, so a run is beaten only when another run
     with no more bytes is ahead of it with an interval that excludes a tie (versus: the paired difference when
@@ -241,7 +249,11 @@ def pareto_points(table: pd.DataFrame, include_setup: bool = True,
     intervals in the table, else the MAUAs themselves). Columns:
     `frontier`: no other run beats it so (on the frontier or its band);
     `tied`: on it, but tied in MAUA with another such run (the frontier's band: neither is the better);
-    `tied_with`: those runs' names. Runs without a MAUA are left out."""
+    `tied_with`: those runs' names;
+    `encoding`: how its payloads travel (pipeline.results.compression.encoding_text of what ran: "float32",
+    "int8", "up int8, down float16"), from `labels` (run_id -> the run's method label, as runs.label stores it:
+    'fedcache (consistency=round, encode_up=int8)') where it has the run, else from the run's name (method_label).
+    Runs without a MAUA are left out."""
     bytes_col = "bytes_total" if include_setup else "bytes_training"
     cols = ["run", "run_id", "algorithm", "setting", "maua", *(c for c in ("maua_low", "maua_high") if c in table),
             bytes_col]
@@ -252,6 +264,11 @@ def pareto_points(table: pd.DataFrame, include_setup: bool = True,
             pts[c] = float("nan")
     pts["bytes"] = pts["bytes"].astype(float)
     pts["maua"] = pts["maua"].astype(float)
+    labels = labels or {}
+    ids = pts["run_id"] if "run_id" in pts else [None] * len(pts)
+    pts.insert(pts.columns.get_loc("algorithm") + 1 if "algorithm" in pts else 1, "encoding", [
+        encoding_text(labels[r] if isinstance(labels.get(r), str) and labels[r] else method_label(str(name)))
+        for r, name in zip(ids, pts["run"])])
     found = {s.run_id: s for s in runs or []}
 
     def verdict(i: int, j: int) -> str:
