@@ -10,7 +10,7 @@ the runs' MAUA and final accuracy have 95% intervals (pipeline.results.intervals
 
 Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
 finished ones), write_seed_runs (3 seeds of one configuration), write_tied_runs (two runs whose paired
-difference is tied), write_ablation_runs (sweep runs for the Ablations tab), write_pdfl_runs (a decentralized
+difference is tied), write_encoded_runs (FedCache and FedAvg with their payloads encoded: float32, int8, argmax), write_ablation_runs (sweep runs for the Ablations tab), write_pdfl_runs (a decentralized
 run, whose traffic goes from client to client); and write_bench_runs /
 build_bench (20 runs of 30 clients and 30 rounds, for bench/dashboard_load.py --fake-runs).
 
@@ -91,34 +91,52 @@ def build_stage_outputs(root: Path, clients: int = K, per_client: int = PER_CLIE
 def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
               accs: list[float], start_round: int = 0, finish: bool = True, seed: int = 0,
               experiment: str | None = None, changed: dict | None = None, sim_s: float | None = None,
-              label: str | None = None, environment: dict | None = None) -> None:
+              label: str | None = None, environment: dict | None = None, encode: dict[str, str] | None = None,
+              steady_scatter: float | None = None) -> None:
     """Rounds start_round.. of a run whose mean accuracy follows `accs` (one per round); `experiment` and
     `changed`: the DVC experiment it ran in and the params it changed (pipeline.experiments.dvc); sim_s: each
     round's simulated seconds (devices on; None: off); label: what ran (pipeline.results.labels); environment:
-    where it ran (runs.environment)."""
+    where it ran (runs.environment); encode: the payloads' encoding per direction ("up", "down": encoded_row's
+    specs; float32 where absent); steady_scatter: each client off the mean by one draw of this sd in every round
+    (clients of unequal difficulty: its MAUA over many level rounds keeps an interval), else by a fresh draw of
+    8 points each round."""
     gen = np.random.default_rng(seed)
+    offsets = None if steady_scatter is None else gen.normal(0, steady_scatter, len(sizes))
     if start_round == 0:  # (a run's own file starts anew here: before the connection below opens it)
         db.start_run(run_id, algorithm, "mnist", setting, params, "abc1234", experiment, changed, label, environment)
     with db.held():  # one connection for the rounds
         for rnd, acc in enumerate(accs[start_round:], start=start_round):
-            write_round(db, run_id, algorithm, rnd, acc, sizes, gen, sim_s)
+            write_round(db, run_id, algorithm, rnd, acc, sizes, gen, sim_s, encode, offsets)
         if finish:
             db.finish_run(run_id)
 
 
+def encoded_row(values: int, spec: str = "float32") -> int:
+    """Bytes of a payload row of `values` float32 values encoded with `spec` (docs/compression.md's table):
+    float32 4 a value, float16 2, int8 1 plus the row's minimum and step (8), argmax 1 (the column)."""
+    per_value = {"float32": 4 * values, "float16": 2 * values, "int8": values + 8, "argmax": 1}
+    return per_value[spec]
+
+
+MODEL_ROWS = 100  # FedAvg's model as rows of a tensor's first dimension (the encoding's rows): 100 of 50 values
+
+
 def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float | None, sizes: np.ndarray,
-                gen: np.random.Generator | None = None, sim_s: float | None = None) -> None:
+                gen: np.random.Generator | None = None, sim_s: float | None = None,
+                encode: dict[str, str] | None = None, offsets: np.ndarray | None = None) -> None:
     gen = gen or np.random.default_rng(rnd)
+    up, down = ((encode or {}).get(d, "float32") for d in ("up", "down"))
     comm = []
     if algorithm == "fedcache":
         for k, n in enumerate(sizes.tolist()):
             if rnd == 0:
                 comm.append((0, k, "up", "hashes", n * (8 + 8 + 784 * 2), SERVER))
-            else:
-                comm += [(rnd, k, "up", "logits", n * BYTES_PER_LOGIT_ROW, SERVER),
-                         (rnd, k, "down", "knowledge", n * 4 * C, SERVER)]
+            else:  # the sample ids (int64) travel as they are, the logits and teachers encoded
+                comm += [(rnd, k, "up", "logits", n * (8 + encoded_row(C, up)), SERVER),
+                         (rnd, k, "down", "knowledge", n * encoded_row(C, down), SERVER)]
     if algorithm in ("fedavg", "pfedme", "mtfl") and rnd > 0:  # whole models, each way
-        comm += [(rnd, k, d, "params", MODEL_BYTES, SERVER) for k in range(len(sizes)) for d in ("up", "down")]
+        model = {d: MODEL_ROWS * encoded_row(MODEL_BYTES // 4 // MODEL_ROWS, e) for d, e in (("up", up), ("down", down))}
+        comm += [(rnd, k, d, "params", model[d], SERVER) for k in range(len(sizes)) for d in ("up", "down")]
     if algorithm == "pdfl" and rnd > 0:  # pDFL: each client's model and knowledge to its two ring neighbours, counted
         for k in range(len(sizes)):      # once, on the sender's side: "up", the receiving client as peer (no server)
             for j in ((k - 1) % len(sizes), (k + 1) % len(sizes)):
@@ -130,7 +148,7 @@ def write_round(db: ResultsDB, run_id: str, algorithm: str, rnd: int, acc: float
     down = sum(row[4] for row in comm if row[2] == "down")
     clients = []
     if acc is not None:  # every client evaluated on its test split (TEST_PER_CLIENT) and validation split: intervals
-        spread = acc + gen.normal(0, 0.08, len(sizes))
+        spread = acc + (gen.normal(0, 0.08, len(sizes)) if offsets is None else offsets)
         spread = np.clip(spread + acc - spread.mean(), 0, 1)  # mean about acc, every value a valid accuracy
         # the validation accuracies from draws of their own: the test accuracies stay as they were without them
         val = np.clip(spread + np.random.default_rng(1000 + rnd).normal(0, 0.03, len(sizes)), 0, 1)
@@ -260,6 +278,42 @@ def write_tied_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     write_run(db, ids["fedcache"], "fedcache", "homo", params_for(root), sizes, curve(0.800), seed=41)
     write_run(db, ids["variant"], "fedcache", "homo", params_for(root, beta=2.0), sizes, curve(0.798), seed=42,
               label="fedcache (beta=2.0)")
+    return ids
+
+
+ENCODED_ROUNDS = 20
+
+
+def write_encoded_runs(db: ResultsDB, root: Path) -> dict[str, str]:
+    """Runs of the compression preset's kind (issue 38; docs/compression.md): FedCache (consistency round) with its
+    logits and teachers in float32, int8 and argmax, and FedAvg's models in float32 and int8, each labelled with its
+    encode_* knobs (pipeline.results.labels) and sending the bytes its encoding makes (encoded_row: int8 about a
+    quarter of float32's values plus 8 bytes a row, argmax a fortieth; FedCache's sample ids and set-up as they
+    are), over ENCODED_ROUNDS rounds (so that the encoded traffic, not FedCache's set-up, sets the bytes apart).
+    One seed and the same clients, each client steadily off the mean (sd 3 points, a draw of its own in each run).
+    Final mean accuracies: FedCache 0.80, 0.799 and 0.72 (int8 tied with float32, paired; argmax behind), FedAvg
+    0.74 and 0.739 (behind FedCache for more bytes: off the frontier). Returns name -> run_id: fedcache,
+    fedcache_int8, fedcache_argmax, fedavg, fedavg_int8."""
+    sizes = np.full(K, PER_CLIENT)
+    base = params_for(root, algorithms=["fedcache", "fedavg"], rounds=ENCODED_ROUNDS)
+    fedcache = {**base["fedcache"], "consistency": "round"}
+    runs = {  # name -> (algorithm, encoding, final accuracy)
+        "fedcache": ("fedcache", "float32", 0.800), "fedcache_int8": ("fedcache", "int8", 0.799),
+        "fedcache_argmax": ("fedcache", "argmax", 0.720),
+        "fedavg": ("fedavg", "float32", 0.740), "fedavg_int8": ("fedavg", "int8", 0.739)}
+    ids = {}
+    for i, (name, (algorithm, spec, final)) in enumerate(runs.items()):
+        ids[name] = f"{algorithm}-20260801-{i:04d}00-enc{i:03d}"
+        if algorithm == "fedcache":
+            knobs = {} if spec == "float32" else {"encode_up": spec, "encode_down": spec}
+            params = {**base, "fedcache": {**fedcache, **knobs}}
+            label = "fedcache (" + ", ".join(["consistency=round", *(f"{k}={v}" for k, v in knobs.items())]) + ")"
+        else:  # FedAvg's params declare encode_down before encode_up (the label's order)
+            knobs = {} if spec == "float32" else {"encode_down": spec, "encode_up": spec}
+            params = {**base, "fedavg": knobs}
+            label = "fedavg" + (" (" + ", ".join(f"{k}={v}" for k, v in knobs.items()) + ")" if knobs else "")
+        write_run(db, ids[name], algorithm, "homo", params, sizes, curve(final, ENCODED_ROUNDS), seed=60 + i,
+                  label=label, encode={"up": spec, "down": spec}, steady_scatter=0.03)
     return ids
 
 

@@ -13,7 +13,7 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data, sample_data, stages, tabs
+from dashboard import data, sample_data, stages, tabs, views
 from dashboard.config import Config
 from pipeline.data.partition import make_partition, partition_stats, write_stats
 from pipeline.results.store import ResultsDB
@@ -190,3 +190,70 @@ def test_seed_groups_report_intervals_across_seeds(app, sample, tmp_path):
     rows = [line for line in _markdown(at, "**Paired differences**").splitlines() if line.startswith("| fedcache")]
     assert rows and all("| 3 |" in line for line in rows), rows
     assert "3 seeds (t interval over seeds" in _captions(at)
+
+
+def test_the_pareto_view_shows_each_encoding_as_its_own_point_with_its_interval(app, sample, tmp_path):
+    """write_encoded_runs' five runs (FedCache in float32, int8 and argmax; FedAvg in float32 and int8) opened by a
+    link: the Pareto chart's data has one point per run, with the encoding its label's encode_* knobs name and its
+    MAUA's 95% interval (an error bar), five distinct (method, encoding) points; the spec gives each encoding its
+    shape, with a legend titled "encoding", and the tooltip names it. Defects it catches: encodings merged into
+    their method's point, an encoding read from the wrong place (every run "float32"), points without intervals,
+    a shape channel missing or without its legend."""
+    from dashboard import charts
+
+    path = tmp_path / "encoded.duckdb"
+    ids = sample_data.write_encoded_runs(ResultsDB(path), sample.root)
+    at = app(runs=list(ids.values()), FEDCACHE_RESULTS_DB=path)
+    chart = next(c for c in at.get("vega_lite_chart") if "Pareto" in c.proto.spec)
+    spec = json.loads(chart.proto.spec)
+    frames = [convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets]
+    points = next(f for f in frames if "encoding" in f and len(f) == len(ids))  # the points' dataset
+    assert points["run_id"].is_unique and set(points["run_id"]) == set(ids.values())
+    by_id = points.set_index("run_id")
+    expected = {"fedcache": ("fedcache", "float32"), "fedcache_int8": ("fedcache", "int8"),
+                "fedcache_argmax": ("fedcache", "argmax"), "fedavg": ("fedavg", "float32"),
+                "fedavg_int8": ("fedavg", "int8")}
+    for name, (algorithm, encoding) in expected.items():
+        row = by_id.loc[ids[name]]
+        assert (row["algorithm"], row["encoding"]) == (algorithm, encoding), name
+        assert row["maua_low"] < row["maua"] < row["maua_high"], name  # its 95% interval, around the estimate
+    assert len(set(zip(points["algorithm"], points["encoding"]))) == 5
+    assert by_id.at[ids["fedcache_argmax"], "bytes"] < by_id.at[ids["fedcache_int8"], "bytes"] \
+        < by_id.at[ids["fedcache"], "bytes"] and by_id.at[ids["fedavg_int8"], "bytes"] < by_id.at[ids["fedavg"], "bytes"]
+    # the spec: the points' layer shapes them by encoding, with its legend; the error bars stay
+    shaped = [layer for layer in spec["layer"] if "shape" in layer.get("encoding", {})]
+    assert len(shaped) == 1 and shaped[0]["mark"]["type"] == "point"
+    shape = shaped[0]["encoding"]["shape"]
+    assert shape["field"] == "encoding" and shape["legend"]["title"] == "encoding"
+    assert shape["scale"]["domain"] == ["float32", "int8", "argmax"]
+    assert shape["scale"]["range"] == [charts.encoding_shape(e) for e in ("float32", "int8", "argmax")]
+    assert len(set(shape["scale"]["range"])) == 3
+    assert any(t.get("field") == "encoding" for t in shaped[0]["encoding"]["tooltip"])
+    bars = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rule" and "y2" in layer["encoding"]]
+    assert [b["encoding"]["y2"]["field"] for b in bars] == ["maua_high"]
+    # the lists beside it: the run names say the encoding already (their encode_* knobs), nothing added to them;
+    # int8 tied with float32 (the frontier's band), argmax alone on the frontier
+    band = _markdown(at, "**Tied (the frontier's band)**")
+    assert "- fedcache (consistency=round, encode_up=int8, encode_down=int8)/homo enc001: " in band
+    assert "- fedcache (consistency=round)/homo enc000: " in band
+    assert "- fedcache (consistency=round, encode_up=argmax, encode_down=argmax)/homo enc002: " in \
+        _markdown(at, "**On the frontier**")
+    assert "Shapes: each run's payload encoding" in _captions(at)
+
+
+def test_a_run_named_by_its_id_keeps_its_encoding_in_the_pareto_list():
+    """pareto_points reads the encoding from the stored labels (run_id -> what ran) when given, else from the run's
+    name; the frontier list names it when the name does not (a run shown by its id)."""
+    table = pd.DataFrame({"run": ["fedcache-x-1", "fedcache (encode_up=int8)/homo b2", "fedavg/homo c3"],
+                          "run_id": ["fedcache-x-1", "b2", "c3"], "algorithm": ["fedcache", "fedcache", "fedavg"],
+                          "setting": ["homo"] * 3, "maua": [0.8, 0.79, 0.7], "bytes_total": [1e5, 2e5, 3e5]})
+    pts = data.pareto_points(table).set_index("run_id")
+    assert pts["encoding"].to_dict() == {"fedcache-x-1": "float32", "b2": "int8", "c3": "float32"}
+    labels = {"fedcache-x-1": "fedcache (encode_up=int8, encode_down=float16)"}
+    pts = data.pareto_points(table, labels=labels)
+    assert pts.set_index("run_id")["encoding"].to_dict() == {"fedcache-x-1": "up int8, down float16", "b2": "int8",
+                                                              "c3": "float32"}
+    items = {r.run_id: views.pareto_item(r) for r in pts.itertuples()}
+    assert items["fedcache-x-1"].startswith("- fedcache-x-1 (up int8, down float16): 80.00%, ")
+    assert items["b2"].startswith("- fedcache (encode_up=int8)/homo b2: ")  # its name says int8: not twice
+    assert items["c3"].startswith("- fedavg/homo c3: ")  # float32: as before encodings
