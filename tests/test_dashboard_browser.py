@@ -3,8 +3,9 @@ Playwright's Python package; no browser download), against the sample inputs. Ch
 charts and the comparison table, the Pareto scatter, the SVG and PDF downloads, every tab (each
 click written into the URL, ?tab=), that a run written while the page is open shows up without a
 reload, that a link with runs, a target and a tab reproduces the view, that a damaged index falls
-back to the per-run files with a banner, that two tied runs read "tied" with a bracketed 95% interval, and saves
-screenshots to artifacts/ (git-ignored).
+back to the per-run files with a banner, that two tied runs read "tied" with a bracketed 95% interval, that runs
+of several payload encodings are separate Pareto points shaped by their encoding, and saves screenshots to
+artifacts/ (git-ignored).
 
 Chromium comes from the project's set-up (`make browser`, part of `make test`); when it is
 missing the test tries that once and skips, saying why, only if there is still none.
@@ -343,6 +344,33 @@ def test_dashboard_in_chromium(chromium, server):
             page.screenshot(path=str(ARTIFACTS / "dashboard_tied.png"), full_page=True)
             print(f"tied pair: verdict {differences.locator('tbody td').last.inner_text()!r}, difference "
                   f"{differences.locator('tbody td').nth(3).inner_text()!r}")
+
+            # payload encodings (issue 38; sample_data.write_encoded_runs: FedCache in float32, int8 and argmax, FedAvg in
+            # float32 and int8) opened by a link: the Pareto chart draws each run as its own point, shaped by its
+            # encoding (a legend titled "encoding" lists the three; each point's shape is its encoding's, the
+            # same within one), each with its MAUA's interval as an error bar. Defects it catches: encodings merged
+            # into their method's point, no shape legend, one shape for all, points without their interval.
+            encoded = sample_data.write_encoded_runs(ResultsDB(sample.results_db, lock_timeout_s=60), sample.root)
+            page.goto(f"{url}?" + "&".join(f"runs={r}" for r in encoded.values()))
+            panel = page.locator(f"{PANEL}:visible")
+            pareto = panel.locator(f"{CHART} svg.marks").filter(has_text="the Pareto frontier")
+            expect(pareto).to_have_count(1, timeout=90_000)
+            points = pareto.locator('g.mark-symbol.role-mark path[aria-roledescription="point"]')
+            expect(points).to_have_count(5)
+            expect(pareto.locator('g.mark-rule.role-mark [aria-roledescription="rule mark"]')).to_have_count(5)
+            legend = pareto.locator("""g.role-legend[aria-label*="titled 'encoding'"]""")
+            expect(legend.locator("g.role-legend-label text")).to_have_text(["float32", "int8", "argmax"])
+            shapes = {}  # encoding -> the path of each of its points' symbol
+            for enc, n in (("float32", 2), ("int8", 2), ("argmax", 1)):
+                mine = pareto.locator(f'path[aria-roledescription="point"][aria-label*="encoding: {enc};"]')
+                expect(mine).to_have_count(n)
+                shapes[enc] = set(mine.evaluate_all("ps => ps.map(p => p.getAttribute('d'))"))
+            assert all(len(d) == 1 for d in shapes.values()) and len(set().union(*shapes.values())) == 3, shapes
+            expect(page.locator('[data-testid="stException"]')).to_have_count(0)
+            pareto_block = panel.locator('[data-testid="stHorizontalBlock"]').filter(
+                has=page.locator("svg.marks").filter(has_text="the Pareto frontier"))
+            pareto_block.last.screenshot(path=str(ARTIFACTS / "dashboard_encodings.png"))
+            print(f"encodings: {points.count()} points, shapes {sorted(shapes)}")
 
             # a damaged index beside intact per-run files: those are shown, and a banner says why
             runs_dir = sample.results_db.parent / "runs"
