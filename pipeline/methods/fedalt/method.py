@@ -30,6 +30,15 @@ client), weighted by their sample counts; a block nobody uploaded keeps its glob
 Bytes: one payload per block per direction, ledger kinds "block1", "block2", "block3"
 (the nbytes of that block's state_dict tensors, num_batches_tracked included).
 
+Encodings (`fedalt.encode_down`, `fedalt.encode_up`; pipeline/federation/averaging.py): the blocks sent down
+travel as float32, float16 or int8 per tensor row; with an encoding up other than float32 a client uploads each
+block as its change from what it started the round from (the block as it decoded it from the download, or its own
+block as it stood for a block it was not sent), encoded (float16, int8, or topk:F of each tensor), adding what its
+earlier uploads' encoding left out (error feedback, with every encoding up: the server holds a block the client
+keeps only as it rebuilt it from the client's uploads, so an error not carried forward would stay in it). The
+server rebuilds each client's model from the blocks it decoded for it and its copy of the client's other blocks
+(the initial model's before its first upload), and keeps that copy (checkpointed).
+
 Accuracy: each client's own (combined, trained) model, final exit, on its own test split;
 the per-exit means are stored as round metrics `acc_exit1`, `acc_exit2`, `acc_exit3`, and the
 global model's (final exit) mean accuracy over the clients' test splits as `acc_global`.
@@ -43,10 +52,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.multiexit import NUM_BLOCKS, block_of, block_state, build_multiexit
-from pipeline.federation.averaging import weighted_average
+from pipeline.federation.averaging import (decode_state, encode_change, encode_state, state_codes, state_size,
+                                           weighted_average)
 from pipeline.federation.clients import evaluate_with
 from pipeline.federation.contract import (SAMPLE_COUNT, Evaluation, LocalUpdate, Phase, Server, ServerContext, Upload,
-                                          Wire, sample_count, state_bytes, weight_of)
+                                          Wire, sample_count, weight_of)
 from pipeline.federation.ledger import Payload
 from pipeline.federation.losses import ce_rows, kd_rows
 from pipeline.seeds import rng, torch_generator
@@ -140,10 +150,16 @@ class DistillPhase(Phase):
     lam: float = 0.0
 
 
+def block_number(kind: str) -> int:
+    """The block a payload kind names ("block2" -> 2)."""
+    return int(kind.removeprefix("block"))
+
+
 class FedAltClient(LocalUpdate):
     def __init__(self, params, num_classes):
         super().__init__(params, num_classes)
         self.cfg = params.fedalt
+        self.codes = state_codes(params, "fedalt")  # (encode_down, encode_up)
 
     def prepare(self, client):
         """Every client starts from the one global model (the multi-exit network replaces its ResNet)."""
@@ -156,9 +172,15 @@ class FedAltClient(LocalUpdate):
 
     def begin(self, client, download, round_):
         """Combination: overwrite the received blocks, keep the rest; drop stale momentum of replaced weights."""
+        down, up = self.codes
+        own = client.model.state_dict()
         received = {}
         for p in download:
-            received.update(p.arrays)
+            received.update(p.arrays if down.lossless
+                            else decode_state(down, p.arrays, block_state(own, block_number(p.kind))))
+        if not up.lossless:  # what its upload's change is from: the blocks received, its own as they stand for the rest
+            client.state["base"] = {n: (received[n] if n in received else t).detach().cpu().clone()
+                                    for n, t in own.items()}
         combine(client.model, received)
         replaced = {block_of(n) for n in received}
         for name, param in client.model.named_parameters():
@@ -173,8 +195,12 @@ class FedAltClient(LocalUpdate):
     def end(self, client, targets, records, round_):
         """Upload the whole trained local model, one payload per block, and the client's sample count."""
         state = client.model.state_dict()
-        return Upload([*(Payload(f"block{b}", {n: t.detach().cpu().clone() for n, t in block_state(state, b).items()})
-                         for b in range(1, NUM_BLOCKS + 1)), sample_count(client.num_train)])
+        up = self.codes[1]
+        blocks = [{n: t.detach().cpu().clone() for n, t in block_state(state, b).items()} for b in range(1, NUM_BLOCKS + 1)]
+        if not up.lossless:  # each block's change, with what earlier uploads left out (see the module docstring)
+            blocks = [encode_change(client, up, block, client.state["base"], feedback=True) for block in blocks]
+        return Upload([*(Payload(f"block{b}", block) for b, block in enumerate(blocks, 1)),
+                       sample_count(client.num_train)])
 
     @torch.inference_mode()
     def evaluate(self, client, download):
@@ -204,11 +230,18 @@ class FedAlt(Server):
         self.cfg = ctx.params.fedalt
         model = initial_multiexit(ctx.params.seed, ctx.in_channels, ctx.num_classes)
         self.global_state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        self.down, self.up = state_codes(ctx.params, self.name)
+        # encoded uploads are changes: what each client started the round from, as the server knows it
+        self.initial = self.global_state  # every client's model before its first upload (replaced, never changed)
+        self.copies: dict[int, dict[str, torch.Tensor]] = {}  # each client's model rebuilt from its last upload
+        self.sent: dict[int, dict[str, torch.Tensor]] = {}  # the blocks each selected client decoded this round
 
     def wire(self, k):
-        """Each block, whole, as its own kind: the first m_k of them down, all of them up with the sample count."""
-        sizes = [state_bytes(block_state(self.global_state, b)) for b in range(1, NUM_BLOCKS + 1)]
-        return {**{(direction, f"block{b}"): Wire(size) for b, size in enumerate(sizes, 1) for direction in ("down", "up")},
+        """Each block as its own kind: the first m_k of them down, all of them up with the sample count; each block
+        as its encoding makes a state of its shapes (`state_size`: float32, the nbytes of its tensors)."""
+        blocks = [block_state(self.global_state, b) for b in range(1, NUM_BLOCKS + 1)]
+        return {**{(direction, f"block{b}"): Wire(state_size(spec, block)) for b, block in enumerate(blocks, 1)
+                   for direction, spec in (("down", self.down), ("up", self.up))},
                 ("up", SAMPLE_COUNT): Wire(4)}
 
     def blocks_sent(self, round_: int, client: int) -> int:
@@ -216,13 +249,32 @@ class FedAlt(Server):
 
     def configure(self, round_, selected):
         """Distribution: the first m_k blocks of the global model to each selected client."""
-        return {k: [Payload(f"block{b}", block_state(self.global_state, b))
-                    for b in range(1, self.blocks_sent(round_, k) + 1)]
-                for k in selected}
+        if self.down.lossless and self.up.lossless:
+            return {k: [Payload(f"block{b}", block_state(self.global_state, b))
+                        for b in range(1, self.blocks_sent(round_, k) + 1)]
+                    for k in selected}
+        blocks = {}  # block -> (the parts that travel, what a client decodes of them): encoded once a round
+        for b in range(1, NUM_BLOCKS + 1):
+            state = block_state(self.global_state, b)
+            blocks[b] = (state, state) if self.down.lossless else encode_state(self.down, state)
+        m = {k: self.blocks_sent(round_, k) for k in selected}
+        if not self.up.lossless:
+            self.sent.update({k: {n: t for b in range(1, m[k] + 1) for n, t in blocks[b][1].items()} for k in selected})
+        return {k: [Payload(f"block{b}", dict(blocks[b][0])) for b in range(1, m[k] + 1)] for k in selected}
+
+    def uploaded_blocks(self, k: int, upload: Upload) -> dict[int, dict[str, torch.Tensor]]:
+        """Client k's blocks from its upload: as they are, or rebuilt from their changes (each added to the block
+        k decoded this round, or to the server's copy of k's own block) and kept as the server's copy of k."""
+        arrays = {block_number(p.kind): p.arrays for p in upload.payloads if p.kind.startswith("block")}
+        if self.up.lossless:
+            return arrays
+        base = {**self.copies.get(k, self.initial), **self.sent.pop(k)}
+        rebuilt = {b: decode_state(self.up, parts, block_state(base, b), base=base) for b, parts in arrays.items()}
+        self.copies[k] = {n: t for state in rebuilt.values() for n, t in state.items()}
+        return rebuilt
 
     def aggregate(self, round_, uploads):
-        blocks = [{int(p.kind.removeprefix("block")): p.arrays for p in up.payloads if p.kind.startswith("block")}
-                  for up in uploads.values()]
+        blocks = [self.uploaded_blocks(k, up) for k, up in uploads.items()]
         self.count_work(2.0 * sum(t.numel() for states in blocks for state in states.values() for t in state.values()))
         self.global_state = aggregate(self.global_state, [(states, weight_of(up))
                                                           for states, up in zip(blocks, uploads.values())])
@@ -239,7 +291,11 @@ class FedAlt(Server):
         return rows, extras
 
     def state_dict(self) -> dict:
-        return {"global": {n: t.clone() for n, t in self.global_state.items()}}
+        state = {"global": {n: t.clone() for n, t in self.global_state.items()}}
+        if not self.up.lossless:  # the sent blocks are folded in by the round's end
+            state["copies"] = {k: dict(c) for k, c in self.copies.items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.global_state = {n: t.clone() for n, t in state["global"].items()}
+        self.copies = {int(k): dict(c) for k, c in state.get("copies", {}).items()}

@@ -7,10 +7,10 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from pipeline.capabilities import Never, Supports
-from pipeline.config import MethodParams
+from pipeline.federation.averaging_params import AveragingParams
 
 
-class FedAltParams(MethodParams):
+class FedAltParams(AveragingParams):  # encode_down (its blocks), encode_up: there
     supports: ClassVar[Supports] = Supports(
         heterogeneous=Never("averages the blocks of one multi-exit ResNet-20 across clients"))
 
@@ -33,3 +33,13 @@ class FedAltParams(MethodParams):
         if abs(sum(v) - 1) > 1e-6:
             raise ValueError(f"the probabilities must sum to 1; they sum to {sum(v):g}")
         return v
+
+    def check(self, params) -> None:
+        t, d = params.train, params.devices
+        lost = d.enabled and (t.schedule != "sync" or d.online_mean_s is not None)  # uploads can be dropped
+        if self.encode_up != "float32" and "fedalt" in t.algorithms and lost:
+            raise ValueError(f"fedalt.encode_up = {self.encode_up!r} sends each block as its change to the server's "
+                             "copy of the client's model, which an upload dropped by the simulated clock (a deadline, "
+                             "a quorum, a device going offline) would leave apart from the client's until the block "
+                             "is next sent down: use fedalt.encode_up: float32 here (or train.schedule: sync with "
+                             "devices.online_mean_s: null)")
