@@ -226,12 +226,24 @@ def encoding_shape_channel(encodings) -> alt.Shape:
                      scale=alt.Scale(domain=domain, range=[encoding_shape(e) for e in domain]))
 
 
+POINT_LABEL_LIMIT = 170  # px: a point's label is cut ('…') past this, so long run names cannot squeeze the plot
+
+
+def _point_names(points: pd.DataFrame) -> list[str]:
+    """What a Pareto point is labelled: its run's name, or, when the runs differ in encoding, its method and
+    encoding ("fedcache int8"): run names that spell out encode_* knobs are too long to sit beside a point (the
+    legend and the lists beside the chart give them whole)."""
+    if points["encoding"].nunique() > 1 and "algorithm" in points:
+        return [f"{a} {e}" for a, e in zip(points["algorithm"], points["encoding"])]
+    return list(points["run"])
+
+
 def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.LayerChart:
     """MAUA against bytes (log x), one point per run in its method's colour with its MAUA's 95% interval as an
     error bar (bytes are counted: no bar), in its encoding's shape (encoding_shape_channel: a legend titled
     "encoding" when they differ; the tooltip names it); the Pareto frontier (data.pareto_points) filled, joined by
-    a staircase and labelled, the runs tied on it (its band) pale and labelled '(tied)', the runs off it hollow. Runs
-    that send nothing become dashed rules at their MAUA over a pale band of its interval, as in the
+    a staircase and labelled (_point_names), the runs tied on it (its band) pale and labelled '(tied)', the runs off
+    it hollow. Runs that send nothing become dashed rules at their MAUA over a pale band of its interval, as in the
     accuracy-vs-bytes chart."""
     runs = _runs_of(points, runs)
     if "encoding" not in points:
@@ -239,7 +251,7 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
     points = points.assign(
         status=["tied" if t else "frontier" if f else "off" for f, t in zip(points["frontier"], points["tied"])]
         if "tied" in points else ["frontier" if f else "off" for f in points["frontier"]],
-        label=[f"{r} (tied)" if t else r for r, t in zip(points["run"], points.get("tied", [False] * len(points)))])
+        label=[f"{r} (tied)" if t else r for r, t in zip(_point_names(points), points.get("tied", [False] * len(points)))])
     for c in ("maua_low", "maua_high"):
         if c not in points:
             points[c] = points["maua"]
@@ -268,7 +280,7 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
     named = sent[sent["status"] != "off"]
     middle = (math.log10(decades[0]) + math.log10(decades[-1])) / 2
     right = named["bytes"].map(lambda b: math.log10(b) > middle)
-    labels = [alt.Chart(part).mark_text(align=align, dx=dx, dy=-9, fontSize=11).encode(x=x, y=y, text="label:N")
+    labels = [alt.Chart(part).mark_text(align=align, dx=dx, dy=-9, fontSize=11, limit=POINT_LABEL_LIMIT).encode(x=x, y=y, text="label:N")
               for part, align, dx in ((named[~right], "left", 9), (named[right], "right", -9)) if len(part)]
     layers = [stairs, bars, dots, *labels]
     if not free.empty:

@@ -218,6 +218,9 @@ def test_the_pareto_view_shows_each_encoding_as_its_own_point_with_its_interval(
         assert (row["algorithm"], row["encoding"]) == (algorithm, encoding), name
         assert row["maua_low"] < row["maua"] < row["maua_high"], name  # its 95% interval, around the estimate
     assert len(set(zip(points["algorithm"], points["encoding"]))) == 5
+    # a point is labelled by its method and encoding, not by a run name too long to sit beside it
+    assert set(points["label"].str.removesuffix(" (tied)")) == {f"{a} {e}" for a, e in expected.values()}
+    assert all(layer["mark"].get("limit") for layer in spec["layer"] if layer["mark"]["type"] == "text")
     assert by_id.at[ids["fedcache_argmax"], "bytes"] < by_id.at[ids["fedcache_int8"], "bytes"] \
         < by_id.at[ids["fedcache"], "bytes"] and by_id.at[ids["fedavg_int8"], "bytes"] < by_id.at[ids["fedavg"], "bytes"]
     # the spec: the points' layer shapes them by encoding, with its legend; the error bars stay
