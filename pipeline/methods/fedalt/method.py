@@ -36,8 +36,9 @@ block as its change from what it started the round from (the block as it decoded
 block as it stood for a block it was not sent), encoded (float16, int8, or topk:F of each tensor), adding what its
 earlier uploads' encoding left out (error feedback, with every encoding up: the server holds a block the client
 keeps only as it rebuilt it from the client's uploads, so an error not carried forward would stay in it). The
-server rebuilds each client's model from the blocks it decoded for it and its copy of the client's other blocks
-(the initial model's before its first upload), and keeps that copy (checkpointed).
+server rebuilds each client's model from the blocks it sent it this round, as decoded, and its copy of the client's
+other blocks (the initial model's before the client's first upload), and keeps that copy (checkpointed). A lossy
+encoding up is refused where the simulated clock can drop an upload (fedalt/params.py): the copies would part.
 
 Accuracy: each client's own (combined, trained) model, final exit, on its own test split;
 the per-exit means are stored as round metrics `acc_exit1`, `acc_exit2`, `acc_exit3`, and the
@@ -196,7 +197,8 @@ class FedAltClient(LocalUpdate):
         """Upload the whole trained local model, one payload per block, and the client's sample count."""
         state = client.model.state_dict()
         up = self.codes[1]
-        blocks = [{n: t.detach().cpu().clone() for n, t in block_state(state, b).items()} for b in range(1, NUM_BLOCKS + 1)]
+        blocks = [{n: t.detach().cpu().clone() for n, t in block_state(state, b).items()}
+                  for b in range(1, NUM_BLOCKS + 1)]
         if not up.lossless:  # each block's change, with what earlier uploads left out (see the module docstring)
             blocks = [encode_change(client, up, block, client.state["base"], feedback=True) for block in blocks]
         return Upload([*(Payload(f"block{b}", block) for b, block in enumerate(blocks, 1)),
