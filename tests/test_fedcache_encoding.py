@@ -113,3 +113,17 @@ def test_a_resumed_delta_run_ends_where_an_uninterrupted_one_does(tiny_workspace
 def test_a_bad_encoding_is_refused_when_params_load_naming_the_key(section, match):
     with pytest.raises(ConfigError, match=match):
         parse_params(tiny_params_raw({"fedcache": section}), methods=("fedcache",))
+
+
+def test_a_delta_is_refused_where_the_simulated_clock_can_drop_a_message():
+    """A delta's sender keeps the receiver's copy as if every message arrived: a download lost to a device going
+    offline, or an upload a deadline drops, would part the copies for good. Sync devices that stay online lose
+    nothing, so there it loads."""
+    section = {"encode_down": "delta:0.1+int8", "consistency": "round"}
+    train = {"algorithms": ["fedcache"], "schedule": "deadline", "deadline_quantile": 0.8}
+    with pytest.raises(ConfigError, match=r"fedcache\.encode_down = 'delta:0\.1\+int8'.*dropped by the simulated"):
+        parse_params(tiny_params_raw({"fedcache": section, "train": train, "devices": {"enabled": True}}),
+                     methods=("fedcache",))
+    params = parse_params(tiny_params_raw({"fedcache": section, "train": {"algorithms": ["fedcache"]},
+                                           "devices": {"enabled": True}}), methods=("fedcache",))
+    assert params.fedcache.encode_down == "delta:0.1+int8"

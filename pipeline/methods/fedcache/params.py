@@ -48,3 +48,15 @@ class FedCacheParams(MethodParams):
                                  f"round, which needs fedcache.consistency: round (it is {self.consistency!r}: its "
                                  "exchange is per batch)")
         return self
+
+    def check(self, params) -> None:
+        t, d = params.train, params.devices
+        lost = d.enabled and (t.schedule != "sync" or d.online_mean_s is not None)  # a message can be dropped
+        for key in ("encode_up", "encode_down"):
+            value = getattr(self, key)
+            if value.startswith("delta") and "fedcache" in t.algorithms and lost:
+                raise ValueError(f"fedcache.{key} = {value!r} sends only the rows that moved since the receiver's "
+                                 "copy, which the sender keeps as if every message arrived: a message dropped by the "
+                                 "simulated clock (a deadline, a quorum, a device going offline) would leave the two "
+                                 f"copies apart for good. Use another fedcache.{key} here (int8, float16, ...), or "
+                                 "train.schedule: sync with devices.online_mean_s: null")
