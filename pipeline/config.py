@@ -140,6 +140,14 @@ class MethodParams(Section):
         """Rules that tie this section to the shared ones (params.train, ...): raise ValueError."""
 
 
+def messages_can_be_dropped(params: Any) -> bool:
+    """Can the simulated clock drop a message (a deadline, a quorum, async, a device going offline)? An encoding
+    whose sender keeps the receiver's copy (a delta, a change to a kept state) is refused there: a lost message
+    would part the two copies."""
+    t, d = params.train, params.devices
+    return d.enabled and (t.schedule != "sync" or d.online_mean_s is not None)
+
+
 def _known_method(name: str) -> str:
     if name not in method_catalog.names():
         raise ValueError(f"unknown method {name!r}; the methods are {', '.join(method_catalog.names())} "

@@ -179,3 +179,10 @@ def test_a_topk_as_wide_as_the_features_is_refused_before_training(tiny_workspac
     _, params, part = tiny_workspace
     with pytest.raises(ConfigError, match=r"fedproto\.encode_up = 'topk:64': topk:64 keeps 64 of 64 values"):
         _trainer(params, part, mnist, "wide", encode_up="topk:64")
+
+
+def test_a_delta_is_refused_where_the_simulated_clock_can_drop_a_message():
+    train = {"algorithms": ["fedproto"], "schedule": "deadline", "deadline_quantile": 0.8}
+    with pytest.raises(ConfigError, match=r"fedproto\.encode_up = 'delta:0\.1'.*dropped by the simulated clock"):
+        parse_params(tiny_params_raw({"fedproto": {"encode_up": "delta:0.1"}, "train": train,
+                                      "devices": {"enabled": True}}), methods=("fedproto",))

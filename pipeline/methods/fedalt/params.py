@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from pipeline.capabilities import Never, Supports
+from pipeline.config import messages_can_be_dropped
 from pipeline.federation.averaging_params import AveragingParams
 
 
@@ -35,9 +36,8 @@ class FedAltParams(AveragingParams):  # encode_down (its blocks), encode_up: the
         return v
 
     def check(self, params) -> None:
-        t, d = params.train, params.devices
-        lost = d.enabled and (t.schedule != "sync" or d.online_mean_s is not None)  # uploads can be dropped
-        if self.encode_up != "float32" and "fedalt" in t.algorithms and lost:
+        if (self.encode_up != "float32" and "fedalt" in params.train.algorithms
+                and messages_can_be_dropped(params)):
             raise ValueError(f"fedalt.encode_up = {self.encode_up!r} sends each block as its change to the server's "
                              "copy of the client's model, which an upload dropped by the simulated clock (a deadline, "
                              "a quorum, a device going offline) would leave apart from the client's until the block "

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.capabilities import Only, Supports
-from pipeline.config import Encoding, MethodParams
+from pipeline.config import Encoding, MethodParams, messages_can_be_dropped
 
 
 class FedCacheParams(MethodParams):
@@ -50,11 +50,10 @@ class FedCacheParams(MethodParams):
         return self
 
     def check(self, params) -> None:
-        t, d = params.train, params.devices
-        lost = d.enabled and (t.schedule != "sync" or d.online_mean_s is not None)  # a message can be dropped
+        lost = messages_can_be_dropped(params)
         for key in ("encode_up", "encode_down"):
             value = getattr(self, key)
-            if value.startswith("delta") and "fedcache" in t.algorithms and lost:
+            if value.startswith("delta") and "fedcache" in params.train.algorithms and lost:
                 raise ValueError(f"fedcache.{key} = {value!r} sends only the rows that moved since the receiver's "
                                  "copy, which the sender keeps as if every message arrived: a message dropped by the "
                                  "simulated clock (a deadline, a quorum, a device going offline) would leave the two "

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.config import Encoding, MethodParams
+from pipeline.config import Encoding, MethodParams, messages_can_be_dropped
 from pipeline.encoding_spec import check_columns
 from pipeline.encoding_spec import parse as parse_encoding
 
@@ -55,3 +55,13 @@ class FedProtoParams(MethodParams):
             if why:
                 raise ValueError(f"fedproto.{key} = {str(spec)!r}: {why} (the prototypes have align_dim values)")
         return self
+
+    def check(self, params) -> None:
+        for key in ("encode_up", "encode_down"):
+            value = getattr(self, key)
+            if value.startswith("delta") and "fedproto" in params.train.algorithms and messages_can_be_dropped(params):
+                raise ValueError(f"fedproto.{key} = {value!r} sends only the prototypes that moved since the "
+                                 "receiver's copy, which the sender keeps as if every message arrived: a message "
+                                 "dropped by the simulated clock (a deadline, a quorum, a device going offline) would "
+                                 f"leave the two copies apart for good. Use another fedproto.{key} here (int8, "
+                                 "float16, ...), or train.schedule: sync with devices.online_mean_s: null")
