@@ -67,14 +67,14 @@ def test_encoded_relays_are_counted_exactly_on_every_edge(tiny_workspace, mnist,
 
 
 def _int8_state_bytes(state: dict[str, torch.Tensor]) -> int:
-    """int8 per tensor row (first dimension by the rest): a byte a value, its minimum and step; integer buffers as
-    they are."""
+    """int8 per tensor row (first dimension by the rest; a vector or scalar is one row): a byte a value, its minimum
+    and step; integer buffers as they are."""
     total = 0
     for t in state.values():
         if not t.is_floating_point():
             total += t.numel() * t.element_size()
             continue
-        rows = t.shape[0] if t.dim() else 1
+        rows = t.shape[0] if t.dim() > 1 else 1
         total += t.numel() + 8 * rows
     return total
 

@@ -60,9 +60,11 @@ def state_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # -- encoded states (`<method>.encode_down`: the global state; `<method>.encode_up`: the client's change to it) --
 
 def _row_shape(spec: Spec, t: torch.Tensor) -> tuple[int, int]:
-    """The rows a tensor is encoded as: its first dimension (a layer's output channels) by the rest, a scalar one
-    row; for top-k the whole tensor is one row, so it keeps the tensor's largest entries wherever they are."""
-    if spec.kind == "topk" or not t.dim():
+    """The rows a tensor is encoded as: its first dimension (a layer's output channels) by the rest; a vector (a
+    bias, BatchNorm's weights and statistics) or a scalar is one row, so int8 pays one minimum and step for it, not
+    one per entry (9 bytes an entry, more than float32's 4); for top-k the whole tensor is one row, so it keeps the
+    tensor's largest entries wherever they are."""
+    if spec.kind == "topk" or t.dim() <= 1:
         return 1, t.numel()
     return t.shape[0], t.numel() // t.shape[0]
 
