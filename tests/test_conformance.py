@@ -105,6 +105,50 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
         assert trainer.ledger.total() == tally["bytes"] == tally["serialized"], type(trainer.executor).__name__
 
 
+LOSSY = ("int8", "topk:0.25", "topk:3", "float16", "argmax")  # tried in turn, from a different start on each key
+
+
+def _encoding_keys(method: str) -> list[str]:
+    return [k for k in registry.params_class(method).model_fields if k.startswith("encode_")]
+
+
+def _encoded(params, method: str) -> tuple[object, dict[str, str]]:
+    """params with every encoding key of the method's section set to a lossy encoding the params accept for it
+    (validated as a params file would be: a refused combination is never run)."""
+    raw = params.model_dump(mode="json", by_alias=True)
+    chosen = {}
+    for i, key in enumerate(_encoding_keys(method)):
+        for spec in LOSSY[i:] + LOSSY[:i]:  # the second key starts at top-k: two kinds of encoding per method
+            section = {**raw[method], **chosen, key: spec}
+            try:
+                parse_params({**raw, method: section}, methods=(method,))
+            except ConfigError:
+                continue
+            chosen[key] = spec
+            break
+    return parse_params({**raw, method: {**raw[method], **chosen}}, methods=(method,)), chosen
+
+
+@pytest.mark.parametrize("method", registry.names())
+def test_every_methods_encoded_payloads_are_counted_exactly(tiny_workspace, mnist, method):
+    """Every method with encoding keys (issue 38), each key set to a lossy encoding it takes: the ledger's total is
+    the bytes of every array that crossed the boundary and their .npy lengths less the headers, and each row follows
+    the declared formula. (Each method's own encoding tests go through every encoding it takes.)"""
+    keys = _encoding_keys(method)
+    if not keys:
+        assert method == "local", f"{method} has no encode_* params: its payloads cannot be compressed"
+        return
+    _, params, part = tiny_workspace
+    params, chosen = _encoded(tiny(params, method), method)
+    assert set(chosen) == set(keys), f"{method}: no lossy encoding loads for {set(keys) - set(chosen)}"
+    trainer = _trainer(params, part, mnist, method, "encoded")
+    crossed = tally_the_boundary(trainer)
+    trainer.start()
+    trainer.run_round(1)
+    assert trainer.ledger.total() == crossed["bytes"] == crossed["serialized"], chosen
+    assert_ledger_follows_the_declared_formula(trainer)
+
+
 def test_the_byte_check_sees_an_array_that_crossed_uncounted(tiny_workspace, mnist):
     """A client that slips a tensor beside its payloads (an attribute of its upload): the tally and the ledger differ."""
     _, params, part = tiny_workspace
