@@ -103,8 +103,9 @@ def compression_rows(series: list[RunSeries], target: float | None = None) -> li
                "diff": None, "diff_low": None, "diff_high": None, "verdict": None}
         if twin is not None:
             twin_runs = list(twin.runs.values())
-            row["bytes_ratio"] = row["bytes_total"] / _mean([r.total_bytes for r in twin_runs])
-            training = _mean([r.total_bytes - r.setup_bytes for r in twin_runs])
+            total, training = (_mean([r.total_bytes for r in twin_runs]),
+                               _mean([r.total_bytes - r.setup_bytes for r in twin_runs]))
+            row["bytes_ratio"] = row["bytes_total"] / total if total else None  # local-only sends nothing
             row["bytes_ratio_training"] = row["bytes_training"] / training if training else None
             common = [k for k in seeds if k in twin.runs and twin.runs[k].accuracies() is not None]
             if twin is not g and common:
