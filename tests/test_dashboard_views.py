@@ -199,7 +199,7 @@ def test_the_pareto_view_shows_each_encoding_as_its_own_point_with_its_interval(
     shape, with a legend titled "encoding", and the tooltip names it. Defects it catches: encodings merged into
     their method's point, an encoding read from the wrong place (every run "float32"), points without intervals,
     a shape channel missing or without its legend."""
-    from dashboard import charts
+    from dashboard import pareto_chart
 
     path = tmp_path / "encoded.duckdb"
     ids = sample_data.write_encoded_runs(ResultsDB(path), sample.root)
@@ -229,7 +229,7 @@ def test_the_pareto_view_shows_each_encoding_as_its_own_point_with_its_interval(
     shape = shaped[0]["encoding"]["shape"]
     assert shape["field"] == "encoding" and shape["legend"]["title"] == "encoding"
     assert shape["scale"]["domain"] == ["float32", "int8", "argmax"]
-    assert shape["scale"]["range"] == [charts.encoding_shape(e) for e in ("float32", "int8", "argmax")]
+    assert shape["scale"]["range"] == [pareto_chart.encoding_shape(e) for e in ("float32", "int8", "argmax")]
     assert len(set(shape["scale"]["range"])) == 3
     assert any(t.get("field") == "encoding" for t in shaped[0]["encoding"]["tooltip"])
     bars = [layer for layer in spec["layer"] if layer["mark"]["type"] == "rule" and "y2" in layer["encoding"]]
