@@ -1,0 +1,535 @@
+"""Speed measured against the machine's limit: a FedCache round's FLOPs, the CPU's peak, the achieved fraction.
+
+    .venv/bin/python bench/roofline.py                                  # default and demo, both executors (idle machine)
+    .venv/bin/python bench/roofline.py --settings default --threads 2   # every executor on 2 torch threads
+    .venv/bin/python bench/roofline.py --quick                          # a small setting: a smoke test, minutes
+
+For each setting (`default`: params.yaml, K = 20 clients x 100 FashionMNIST samples, ResNet-8; `demo`: the
+official FedCache code's demo, K = 20 over all 60,000 samples with A1/A2/A3 = ResNet-8/16/20 by client index,
+bench/fedcache_consistency.py's OFFICIAL_DEMO) and each executor it builds a fresh Trainer (bench/workspace.py:
+the partition, encode and index stages run in bench/.work/roofline/<setting>/) and reports:
+
+  work      a round's FLOPs: the forward+backward FLOPs of one training step of each client's model per
+            sample (torch.utils.flop_counter.FlopCounterMode; it counts convolutions and matrix products,
+            not BatchNorm, activations or the optimizer) times the samples the round trains on (local epochs x
+            training samples), plus one forward per evaluated sample (each client's test and validation split,
+            as the training stage evaluates every round). The vectorized executor also computes padding rows
+            for partial batches; those are not useful work and are not counted.
+  peak      a large square GEMM (torch.mm) on the same torch threads as the executor, best of a few repeats:
+            fp32, and bf16 where the CPU has bf16 units (/proc/cpuinfo: avx512_bf16 or amx_bf16).
+  achieved  round FLOPs / round wall seconds (training + evaluation; no results or checkpoint writes) / peak.
+            The pipeline computes in fp32; a bf16 row (only where the CPU has bf16 units) runs the same round
+            under torch.autocast(bfloat16) and is set against the bf16 peak.
+  the rest  torch.profiler over one more round: each op's self CPU time by op class (convolution, batch norm,
+            linear/matmul, optimizer, loss/softmax, data movement, other ops), and Python/other = the round's
+            wall time minus all profiled op time (the interpreter, the engine's own code, the profiler's
+            overhead between ops); shares of the profiled round's wall time.
+
+FedCache runs with `round` consistency on both executors (params.yaml's `step` needs the vectorized one; the two
+compute the same thing in `round`, as bench/executors.py measures them). Each executor runs `--warmup` untimed
+rounds, then `--rounds` timed ones (the best is reported), then the profiled one. Threads: the executor's own
+default (1 sequential, every core vectorized: params.yaml's train.threads null) unless --threads.
+
+Prints Markdown tables and writes them to bench/results/roofline-<cpu>.md, a file the docs can include (--quick:
+bench/.work/roofline/, not the results folder). The demo setting dominates the run time: its rounds train 54,000
+samples (bench/executors.py measured 158 s sequential, 91 s vectorized per training round on 2 cores), three
+rounds per executor with the defaults; --warmup 0 saves one. The other ops class holds activations, residual
+additions, pooling and autograd's own bookkeeping. Measure on an idle machine: where other processes take the
+cores, the peak and the rounds both come out wrong (--quick figures only show that the script runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]  # the pipeline, and the sibling `workspace` (also when imported as bench.roofline)
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # quiet the profiler's GPU probing on a CPU-only machine
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from pipeline.machine import cpu_description  # noqa: E402
+
+EXECUTORS = ("sequential", "vectorized")
+PRECISIONS = ("fp32", "bf16")
+OP_CLASSES = ("convolution", "batch norm", "linear/matmul", "optimizer", "loss/softmax", "data movement",
+              "other ops", "Python/other")
+
+_BASE = {"train": {"algorithms": ["fedcache"], "rounds": 50, "eval_every": 1}, "fedcache": {"consistency": "round"}}
+
+
+def _demo() -> dict:
+    from fedcache_consistency import OFFICIAL_DEMO
+
+    return OFFICIAL_DEMO
+
+
+# name -> (what it is, params overrides on top of params.yaml, heterogeneous models)
+SETTINGS: dict[str, tuple[str, Any, bool]] = {
+    "default": ("params.yaml: K=20 x 100 FashionMNIST samples, ResNet-8", lambda: {}, False),
+    "demo": ("the official code's demo: K=20 over all 60,000 FashionMNIST samples, ResNet-8/16/20 by client",
+             _demo, True),
+    "quick": ("smoke test: K=4 x 50 FashionMNIST samples, 5% of the test set, ResNet-8",
+              lambda: {"partition": {"num_clients": 4, "samples_per_client": 50, "test_fraction": 0.05}}, False),
+}
+
+
+# ------------------------------------------------------------------------------------------------ the machine
+
+def cpu_flags() -> set[str]:
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return set()
+    for line in info.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def bf16_units() -> str | None:
+    """The CPU's bf16 instructions (None: none, so a bf16 GEMM would be emulated in fp32 arithmetic)."""
+    found = [f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags()]
+    return ", ".join(found) or None
+
+
+def cpu_slug() -> str:
+    """A file-name form of the CPU: its model name, family and model numbers, and the CPU count."""
+    fields: dict[str, str] = {}
+    info = Path("/proc/cpuinfo")
+    for line in (info.read_text().splitlines() if info.exists() else []):
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    name = re.sub(r"\(r\)|\(tm\)|\bcpu\b|\bprocessor\b|@.*$|\d+-core", "", name.lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"
+    if "cpu family" in fields:
+        slug += f"-f{fields['cpu family']}m{fields.get('model', '0')}"
+    return f"{slug}-{os.cpu_count()}cpu"
+
+
+def gemm_peak(threads: int, dtype: torch.dtype = torch.float32, n: int = 4096, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` n x n x n matrix products (2 n^3 FLOPs each) on `threads` torch threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=gen).to(dtype)
+        b = torch.randn(n, n, generator=gen).to(dtype)
+        out = torch.empty(n, n, dtype=dtype)
+        torch.mm(a, b, out=out)  # warm-up: the kernel's first call, the pages of `out`
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - start)
+        return 2.0 * n**3 / best
+    finally:
+        torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------------------------------ the work
+
+def forward_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
+    """FlopCounterMode's FLOPs of one sample's evaluation forward (a copy of the model in eval mode, no grad)."""
+    m = copy.deepcopy(model).eval()
+    x = torch.zeros(1, *input_shape, device=next(m.parameters()).device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        m(x)
+    return float(counter.get_total_flops())
+
+
+def train_step_flops(model: torch.nn.Module, input_shape: tuple[int, ...], batch: int = 8) -> float:
+    """FlopCounterMode's FLOPs of one training step (forward, cross-entropy, backward) on a copy of the model in
+    train mode, per sample of a `batch`-sample step (the input needs no gradient, as in training)."""
+    m = copy.deepcopy(model).train()
+    device = next(m.parameters()).device
+    x = torch.zeros(batch, *input_shape, device=device)
+    y = torch.zeros(batch, dtype=torch.long, device=device)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(m(x), y).backward()
+    return float(counter.get_total_flops()) / batch
+
+
+@dataclass
+class Work:
+    """A round's FLOPs and what they are made of."""
+
+    train_samples: int = 0
+    eval_samples: int = 0
+    train_flops: float = 0.0
+    eval_flops: float = 0.0
+    per_model: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (train/sample, eval/sample)
+
+    @property
+    def total(self) -> float:
+        return self.train_flops + self.eval_flops
+
+
+def round_work(sim, round_: int, splits: tuple[str, ...] = ("test", "val")) -> Work:
+    """The useful FLOPs of one round of `sim` (a pipeline.train.engine.Simulation): every client trains on the
+    samples its local update visits (Simulation.samples_trained) and is evaluated once on each of `splits`."""
+    from pipeline.train.executors import architecture
+
+    batch = sim.local.params.train.batch_size
+    costs: dict[tuple, tuple[float, float]] = {}
+    work = Work()
+    for c in sim.clients:
+        key = architecture(c.model)
+        if key not in costs:
+            shape = tuple(c.x_train.shape[1:])
+            costs[key] = (train_step_flops(c.model, shape, batch), forward_flops(c.model, shape))
+            work.per_model[type(c.model).__name__ + _depth(c.model)] = costs[key]
+        per_train, per_eval = costs[key]
+        trained = sim.samples_trained(c, round_)
+        evaluated = sum(len(c.y_test if s == "test" else c.y_val) for s in splits)
+        work.train_samples += trained
+        work.eval_samples += evaluated
+        work.train_flops += per_train * trained
+        work.eval_flops += per_eval * evaluated
+    return work
+
+
+def _depth(model: torch.nn.Module) -> str:
+    """'-8', '-16', '-20' for the project's ResNets (weighted layers: convolutions on the main path + the head)."""
+    convs = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and "shortcut" not in n]
+    return f"-{len(convs) + 1}" if convs else ""
+
+
+# ------------------------------------------------------------------------------------------------ where time goes
+
+_LINEAR = re.compile(r"aten::(addmm|mm|bmm|baddbmm|matmul|linear|einsum|_addmm_activation)\b")
+_LOSS = re.compile(r"softmax|nll_loss|cross_entropy|kl_div|log_softmax|logsumexp")
+_MOVE = re.compile(r"aten::(copy_|_to_copy|to|cat|stack|clone|contiguous|index\w*|_index\w*|gather|scatter\w*|take|"
+                   r"masked_\w+|constant_pad_nd|pad|repeat|flip|roll|zero_|fill_|zeros|zeros_like|full|full_like|"
+                   r"new_zeros|new_full|empty_strided_copy|_unsafe_index\w*)$")
+
+
+def op_class(name: str) -> str:
+    """The op class of a profiler event by its own name (an event inside an optimizer step: see class_shares)."""
+    lower = name.lower()
+    if name.startswith("Optimizer."):
+        return "optimizer"
+    if "conv" in lower:
+        return "convolution"
+    if "batch_norm" in lower:
+        return "batch norm"
+    if _LINEAR.match(name):
+        return "linear/matmul"
+    if _LOSS.search(lower):
+        return "loss/softmax"
+    if _MOVE.match(name):
+        return "data movement"
+    return "other ops"
+
+
+class ClassTotals:
+    """Self CPU seconds per op class, gathered cycle by cycle from a torch.profiler run (so a long round's events
+    are never all held at once)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.events = 0
+
+    def add(self, events) -> None:
+        in_optimizer: dict[int, bool] = {}
+
+        def inside(ev) -> bool:  # the event is (within) an optimizer step or zero_grad
+            if id(ev) not in in_optimizer:
+                parent = ev.cpu_parent
+                in_optimizer[id(ev)] = ev.name.startswith("Optimizer.") or (parent is not None and inside(parent))
+            return in_optimizer[id(ev)]
+
+        for ev in events:
+            if ev.name.startswith("ProfilerStep"):  # the span between two profiler steps: its self time is the gaps
+                continue
+            self.seconds["optimizer" if inside(ev) else op_class(ev.name)] += ev.self_cpu_time_total / 1e6
+            self.events += 1
+
+    def shares(self, wall: float) -> dict[str, float]:
+        """Each class's share of `wall` seconds, Python/other the remainder; they sum to 1."""
+        ops = sum(self.seconds.values())
+        total = max(wall, ops)
+        out = {c: self.seconds.get(c, 0.0) / total for c in OP_CLASSES[:-1]}
+        out["Python/other"] = (total - ops) / total
+        return out
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, wrap):
+    original = getattr(obj, name)
+    setattr(obj, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(obj, name, original)
+
+
+def _labelled(label: str):
+    def wrap(fn):
+        def inner(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return fn(*args, **kwargs)
+        return inner
+    return wrap
+
+
+@contextlib.contextmanager
+def streaming_profile(every: int = 32):
+    """torch.profiler over a block, its events folded into ClassTotals every `every` training steps (a step:
+    Client.step on the sequential executor, a grouped step on the vectorized one). The vectorized optimizer
+    (GroupedSGD, not a torch Optimizer) is labelled as torch labels its own optimizers. Yields (totals,
+    overhead): `overhead[0]`, the seconds spent between cycles (stopping, folding, restarting), belong to no op
+    and are to be taken off the block's wall time."""
+    from models.grouped import GroupedSGD
+    from pipeline.federation.clients import Client
+    from pipeline.train.executors import GroupRun
+
+    totals, overhead, count = ClassTotals(), [0.0], [0]
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  schedule=lambda step: torch.profiler.ProfilerAction.RECORD_AND_SAVE,
+                                  on_trace_ready=lambda p: totals.add(p.events()))
+
+    def ticking(fn):
+        def inner(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            count[0] += 1
+            if count[0] % every == 0:
+                start = time.perf_counter()
+                prof.step()
+                overhead[0] += time.perf_counter() - start
+            return out
+        return inner
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(Client, "step", ticking))
+        stack.enter_context(_patched(GroupRun, "step", ticking))
+        stack.enter_context(_patched(GroupedSGD, "step", _labelled("Optimizer.step#GroupedSGD.step")))
+        stack.enter_context(_patched(GroupedSGD, "zero_grad", _labelled("Optimizer.zero_grad#GroupedSGD.zero_grad")))
+        with prof:
+            yield totals, overhead
+
+
+# ------------------------------------------------------------------------------------------------ one executor
+
+def executor_params(params, executor: str, threads: int | None):
+    """params with the executor (and its torch threads) set, FedCache in `round` consistency."""
+    train = params.train.model_copy(update={"executor": executor, "threads": threads})
+    return params.model_copy(update={"train": train,
+                                     "fedcache": params.fedcache.model_copy(update={"consistency": "round"})})
+
+
+def default_threads(executor: str) -> int:
+    from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+
+    return (SequentialExecutor if executor == "sequential" else VectorizedExecutor).threads
+
+
+def precision_context(precision: str):
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def run_round(trainer, round_: int, precision: str = "fp32") -> tuple[float, float]:
+    """One round as the training stage runs it, less its results and checkpoint writes: the schedule's round
+    (selection, downloads, local training, uploads, aggregation), then every client evaluated on its test and
+    validation splits. Returns (training seconds, evaluation seconds)."""
+    from pipeline.train.engine import Timer
+
+    sim = trainer.sim
+    with precision_context(precision):
+        start = time.perf_counter()
+        trainer.schedule.run(round_, Timer())
+        trained = time.perf_counter()
+        sim.evaluate(round_)
+        if any(len(c.y_val) for c in sim.clients):
+            sim.evaluate(round_, "val")
+        done = time.perf_counter()
+    return trained - start, done - trained
+
+
+def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, threads: int | None = None,
+                     precision: str = "fp32", rounds: int = 1, warmup: int = 1, profile: bool = True,
+                     run_name: str | None = None) -> dict:
+    """A fresh FedCache Trainer (bench/workspace.py) on `executor`: `warmup` untimed rounds, `rounds` timed ones,
+    then (with `profile`) one profiled round. In the current workspace (load_workspace or a test's tmp dir)."""
+    from workspace import fresh_trainer
+
+    threads = threads or default_threads(executor)
+    params = executor_params(params, executor, threads)
+    trainer = fresh_trainer(params, "fedcache", part, ds, run_name=run_name or f"roofline-{executor}-{precision}",
+                            hetero=hetero)
+    try:
+        torch.set_num_threads(threads)
+        trainer.start()  # round 0: the set-up uploads
+        splits = ("test", "val") if any(len(c.y_val) for c in trainer.sim.clients) else ("test",)
+        times, r = [], 0
+        for r in range(1, warmup + rounds + 1):
+            seconds = run_round(trainer, r, precision)
+            if r > warmup:
+                times.append(seconds)
+        best = min(times, key=sum)
+        work = round_work(trainer.sim, r, splits)
+        out = {"executor": executor, "precision": precision, "threads": threads, "train_s": best[0],
+               "eval_s": best[1], "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": work,
+               "batch": params.train.batch_size, "clients": len(trainer.sim.clients)}
+        if profile:
+            with streaming_profile() as (totals, overhead):
+                start = time.perf_counter()
+                run_round(trainer, r + 1, precision)
+                wall = time.perf_counter() - start - overhead[0]
+            out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
+        return out
+    finally:
+        trainer.close()
+
+
+def achieved(result: dict, peak: float) -> float:
+    """The round's useful FLOPs a second as a fraction of `peak` FLOP/s."""
+    return result["work"].total / result["round_s"] / peak
+
+
+# ------------------------------------------------------------------------------------------------ the tables
+
+def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: dict[str, list[dict]],
+             gemm_n: int) -> str:
+    lines = [f"# Roofline: FedCache rounds against the CPU's peak ({header['cpu']})", "",
+             f"Measured {header['date']} with `{header['command']}`: torch {torch.__version__}, "
+             f"{header['cpu']}; FedCache with `round` consistency, batch {header['batch']}. "
+             "Round times are training + evaluation (test and validation splits), the best of the timed rounds; "
+             "FLOPs count convolutions and matrix products (torch.utils.flop_counter), not BatchNorm, activations "
+             "or the optimizer.", "",
+             f"## Peak: a {gemm_n} x {gemm_n} GEMM, best of the repeats", "",
+             "| torch threads | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|"]
+    for threads in sorted({t for t, _ in peaks}):
+        bf16 = peaks.get((threads, "bf16"))
+        lines.append(f"| {threads} | {peaks[(threads, 'fp32')] / 1e9:.1f} | "
+                     f"{f'{bf16 / 1e9:.1f}' if bf16 else 'no bf16 units (no avx512_bf16 or amx_bf16)'} |")
+    lines += ["", "## The work of one round", "",
+              "| setting | clients | models: MFLOP per sample, train step (fwd+bwd) / eval forward | samples trained "
+              "| samples evaluated | GFLOP per round: train + eval = total |", "|---|---|---|---|---|---|"]
+    for setting, runs in results.items():
+        runs = [r for r in runs if "work" in r]
+        if not runs:
+            continue
+        w = runs[0]["work"]
+        models = ", ".join(f"{m} {tr / 1e6:.2f} / {ev / 1e6:.2f}" for m, (tr, ev) in w.per_model.items())
+        lines.append(f"| {setting}: {SETTINGS[setting][0]} | {runs[0]['clients']} | {models} | {w.train_samples:,} | "
+                     f"{w.eval_samples:,} | {w.train_flops / 1e9:.2f} + {w.eval_flops / 1e9:.2f} = "
+                     f"{w.total / 1e9:.2f} |")
+    lines += ["", "## Achieved", "",
+              "| setting | executor | precision | torch threads | train s | eval s | round s | achieved GFLOP/s "
+              "| peak GFLOP/s (GEMM) | fraction of peak | round s at the peak |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for setting, runs in results.items():
+        for r in runs:
+            if "skipped" in r:
+                lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['threads']} | - | - | - | - | "
+                             f"{r['skipped']} | - | - |")
+                continue
+            rate = r["work"].total / r["round_s"]
+            peak = peaks[(r["threads"], r["precision"])]
+            lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['threads']} | {r['train_s']:.2f} | "
+                         f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {rate / 1e9:.2f} | {peak / 1e9:.1f} | "
+                         f"{rate / peak:.1%} | {r['work'].total / peak:.2f} |")
+    profiled = [(s, r) for s, runs in results.items() for r in runs if "shares" in r]
+    if profiled:
+        lines += ["", "## Where the time goes: one profiled round, shares of its wall time", "",
+                  "| setting | executor | precision | profiled round s | " + " | ".join(OP_CLASSES) + " |",
+                  "|---|---|---|---|" + "---|" * len(OP_CLASSES)]
+        for setting, r in profiled:
+            lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['profiled_s']:.2f} | "
+                         + " | ".join(f"{r['shares'][c]:.1%}" for c in OP_CLASSES) + " |")
+        lines += ["", "Self CPU time of each op (torch.profiler) by class; optimizer: everything inside an optimizer "
+                  "step or zero_grad; data movement: copies, concatenation, indexing, padding, fills; Python/other: "
+                  "the profiled round's wall time minus all op time (the interpreter, the engine, the profiler's "
+                  "own cost between ops). The profiler slows a round down, so its seconds exceed the timed ones."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", nargs="+", choices=["default", "demo"], default=["default", "demo"])
+    ap.add_argument("--executors", nargs="+", choices=EXECUTORS, default=list(EXECUTORS))
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+                    help="bf16 rounds run only where the CPU has bf16 units")
+    ap.add_argument("--rounds", type=int, default=1, help="timed rounds per executor (the best is reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds before them")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of every executor (default: its own, 1 sequential, all cores vectorized)")
+    ap.add_argument("--gemm-n", type=int, default=4096, help="the peak GEMM's matrix size")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiled round")
+    ap.add_argument("--quick", action="store_true", help="the small `quick` setting, a 1024 GEMM: a smoke test")
+    ap.add_argument("--out", type=Path, default=None, help="the Markdown file (default: bench/results/roofline-<cpu>.md)")
+    args = ap.parse_args()
+
+    from workspace import deep_merge, load_workspace, prepare_workspace
+
+    settings = ["quick"] if args.quick else args.settings
+    gemm_n = 1024 if args.quick else args.gemm_n
+    units = bf16_units()
+    cpu = cpu_description()
+    print(f"# {cpu}; bf16 units: {units or 'none'}; torch {torch.__version__}", flush=True)
+
+    threads_used = sorted({args.threads or default_threads(e) for e in args.executors})
+    peaks: dict[tuple[int, str], float | None] = {}
+    for threads in threads_used:
+        peaks[(threads, "fp32")] = gemm_peak(threads, torch.float32, gemm_n)
+        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, gemm_n) if units else None
+        bf16 = peaks[(threads, "bf16")]
+        print(f"peak, {threads} threads: fp32 {peaks[(threads, 'fp32')] / 1e9:.1f} GFLOP/s, bf16 "
+              + (f"{bf16 / 1e9:.1f} GFLOP/s" if bf16 else "no bf16 units"), flush=True)
+
+    results: dict[str, list[dict]] = {}
+    batch = None
+    for setting in settings:
+        _, overrides, hetero = SETTINGS[setting]
+        work = prepare_workspace(f"roofline/{setting}", deep_merge(overrides(), _BASE), ("partition", "encode", "index"))
+        params, part, ds = load_workspace(work)
+        batch = params.train.batch_size
+        results[setting] = []
+        for executor in args.executors:
+            for precision in args.precisions:
+                if precision == "bf16" and not units:  # emulated bf16 would measure the emulation, not the units
+                    results[setting].append({"executor": executor, "precision": precision, "skipped": "no bf16 units",
+                                             "threads": args.threads or default_threads(executor)})
+                    continue
+                r = measure_executor(params, part, ds, executor, hetero=hetero, threads=args.threads,
+                                     precision=precision, rounds=args.rounds, warmup=args.warmup,
+                                     profile=not args.no_profile)
+                results[setting].append(r)
+                peak = peaks[(r["threads"], precision)]
+                print(f"{setting} {executor} {precision}, {r['threads']} threads: round {r['round_s']:.2f} s "
+                      f"(train {r['train_s']:.2f}, eval {r['eval_s']:.2f}), {r['work'].total / 1e9:.2f} GFLOP, "
+                      f"{achieved(r, peak):.1%} of the GEMM peak", flush=True)
+        os.chdir(ROOT)  # load_workspace changed into the setting's folder
+
+    header = {"cpu": cpu, "date": datetime.date.today().isoformat(), "batch": batch,
+              "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]])}
+    table = markdown(header, peaks, results, gemm_n)
+    out = args.out or (ROOT / "bench" / (".work/roofline" if args.quick else "results") /
+                       f"roofline-{cpu_slug()}{'-quick' if args.quick else ''}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table)
+    print("\n" + table + f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""bench/roofline.py on a tiny setting: what its figures rest on, never how fast anything is.
+
+The FLOP counter against a count by hand from ResNet-8's layer shapes, a whole round's FLOPs against the
+per-sample figures times the samples the round touches, the op-class shares summing to 1, the achieved
+fraction of the GEMM peak lying in (0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench import roofline
+from models.resnet import build_model
+
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """The digits at 14 x 14: a quarter of the convolution (the figures are checked, not learning)."""
+    return small_mnist
+
+
+def conv(cin: int, cout: int, k: int, out_hw: int) -> int:
+    """FLOPs of a bias-free k x k convolution producing cout maps of out_hw x out_hw: 2 x multiply-accumulates."""
+    return 2 * cout * out_hw * out_hw * cin * k * k
+
+
+# ResNet-8 on one 1 x 28 x 28 sample, layer by layer (models/resnet.py: a 16-channel stem, one BasicBlock per
+# stage at 16/32/64 channels and strides 1/2/2, 1x1 shortcuts where the shape changes, a 64 -> 10 head)
+STEM = conv(1, 16, 3, 28)
+RESNET8_BY_HAND = (STEM
+                   + conv(16, 16, 3, 28) + conv(16, 16, 3, 28)                          # stage 1, 28 x 28
+                   + conv(16, 32, 3, 14) + conv(32, 32, 3, 14) + conv(16, 32, 1, 14)    # stage 2, 14 x 14
+                   + conv(32, 64, 3, 7) + conv(64, 64, 3, 7) + conv(32, 64, 1, 7)       # stage 3, 7 x 7
+                   + 2 * 64 * 10)                                                       # the head
+
+
+def test_the_flop_counter_agrees_with_resnet8_counted_by_hand():
+    model = build_model("resnet8", 1, 10)
+    assert roofline.forward_flops(model, (1, 28, 28)) == pytest.approx(RESNET8_BY_HAND, rel=0.01)
+    # a training step: the forward, the weights' gradients (as much again) and the inputs' gradients (as much
+    # again, but for the stem: the images need none)
+    assert roofline.train_step_flops(model, (1, 28, 28), batch=8) == pytest.approx(
+        3 * RESNET8_BY_HAND - STEM, rel=0.01)
+
+
+def test_op_classes():
+    assert roofline.op_class("aten::mkldnn_convolution") == "convolution"
+    assert roofline.op_class("aten::convolution_backward") == "convolution"
+    assert roofline.op_class("aten::native_batch_norm_backward") == "batch norm"
+    assert roofline.op_class("aten::addmm") == "linear/matmul"
+    assert roofline.op_class("aten::_log_softmax") == "loss/softmax"
+    assert roofline.op_class("aten::index_select") == "data movement"
+    assert roofline.op_class("aten::copy_") == "data movement"
+    assert roofline.op_class("aten::topk") == "other ops"  # not aten::to
+    assert roofline.op_class("Optimizer.step#SGD.step") == "optimizer"
+
+
+def test_a_tiny_round_on_every_executor(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    peak = roofline.gemm_peak(1, torch.float32, n=256, repeats=3)
+    assert peak > 0
+    for executor in roofline.EXECUTORS:
+        r = roofline.measure_executor(params, part, mnist, executor, threads=1, rounds=1, warmup=0)
+        work = r["work"]
+        assert work.train_samples == part.num_train  # one local epoch over every client's samples
+        assert work.eval_samples == sum(len(part.client_test(k)) + len(part.client_val(k))
+                                        for k in range(part.num_clients))
+        assert set(r["shares"]) == set(roofline.OP_CLASSES)
+        assert all(s >= 0 for s in r["shares"].values())
+        assert math.isclose(sum(r["shares"].values()), 1.0, rel_tol=1e-9)
+        assert r["shares"]["convolution"] > 0 and r["shares"]["optimizer"] > 0
+        assert 0 < roofline.achieved(r, peak) <= 1
+        assert "Roofline" in roofline.markdown({"cpu": "a CPU", "date": "today", "batch": 8, "command": "python"},
+                                               {(1, "fp32"): peak, (1, "bf16"): None}, {"quick": [r]}, 256)
+
+
+def test_a_rounds_counted_flops_are_the_per_sample_figures_times_its_samples(tiny_workspace, mnist):
+    """The whole sequential round under FlopCounterMode (training, evaluation of both splits) against
+    round_work's per-sample x samples: the round visits the samples round_work says it does."""
+    from workspace import fresh_trainer
+
+    _, params, part = tiny_workspace
+    trainer = fresh_trainer(roofline.executor_params(params, "sequential", 1), "fedcache", part, mnist,
+                            run_name="roofline-count")
+    trainer.start()
+    with FlopCounterMode(display=False) as counter:
+        roofline.run_round(trainer, 1)
+    work = roofline.round_work(trainer.sim, 1)
+    assert work.train_flops > 0 and work.eval_flops > 0
+    assert counter.get_total_flops() == pytest.approx(work.total, rel=0.01)
