@@ -66,6 +66,9 @@ def test_the_speed_up_is_fedavgs_bytes_to_its_level_over_the_runs():
     assert fedavg["speedup"] == pytest.approx(1.0) and fedavg["speedup_seeds"] == 3
     assert fedcache["speedup"] == pytest.approx(4 * 200_000 / (400 + 4 * 2000)) and fedcache["speedup_seeds"] == 3
     assert fedcache["speedup_no_setup"] == pytest.approx(4 * 200_000 / (4 * 2000))
+    argmax = rows[("fedcache", "argmax")]  # 10 points below FedCache, 5 below FedAvg: never at FedAvg's level
+    assert argmax["speedup"] is None and (argmax["speedup_seeds"], argmax["speedup_tried"]) == (0, 3)
+    assert "| not reached (0 of 3) |" in format_compression([argmax])
     assert compression_rows(_plane(), target=None)[0]["speedup"] is None
 
 

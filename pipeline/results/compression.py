@@ -11,7 +11,8 @@ same label without its encode_* knobs names the run it is measured against: the 
   that follows its interval ("tied" when it contains 0);
 - the speed-up at equal accuracy against FedAvg in float32 (the paper's figure): in each seed, FedAvg's bytes to
   reach the level (the target accuracy, or FedAvg's own MAUA when it never reaches the target) over this run's bytes
-  to reach it; the mean over the seeds where the run reaches it, and in how many it does.
+  to reach it; the mean over the seeds where the run reaches it, and in how many of those with a FedAvg run it
+  does ("not reached" in none).
 
 Pure functions over RunSeries (pipeline.results.compare), shared by the preset table and docs/compression.md's
 generator (bench/compression.py).
@@ -64,20 +65,23 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _speedups(g: Group, fedavg: Group | None, target: float | None, include_setup: bool) -> tuple[float | None, int]:
-    """(mean over seeds of FedAvg's bytes to the level / g's bytes to it, seeds where g reaches it): module doc."""
+def _speedups(g: Group, fedavg: Group | None, target: float | None, include_setup: bool
+              ) -> tuple[float | None, int, int]:
+    """(mean over seeds of FedAvg's bytes to the level / g's bytes to it, seeds where g reaches it, seeds with a
+    FedAvg run to measure against): module doc. A method that sends nothing has no speed-up (0 seeds tried)."""
     if fedavg is None or target is None:
-        return None, 0
-    ratios = []
+        return None, 0, 0
+    ratios, tried = [], 0
     for seed, run in g.runs.items():
         ref = fedavg.runs.get(seed)
-        if ref is None or ref.maua is None:
+        if ref is None or ref.maua is None or run.total_bytes == 0:
             continue
+        tried += 1
         level = min(target, ref.maua)
         theirs, ours = ref.bytes_to_target(level, include_setup), run.bytes_to_target(level, include_setup)
         if theirs and ours:
             ratios.append(theirs / ours)
-    return _mean(ratios), len(ratios)
+    return _mean(ratios), len(ratios), tried
 
 
 def compression_rows(series: list[RunSeries], target: float | None = None) -> list[dict]:
@@ -113,7 +117,7 @@ def compression_rows(series: list[RunSeries], target: float | None = None) -> li
                                        [twin.runs[k].accuracies() for k in common], "maua")
                 row.update(diff=iv.estimate, diff_low=iv.low, diff_high=iv.high, verdict=iv.verdict)
         for key, setup in (("speedup", True), ("speedup_no_setup", False)):
-            row[key], row[f"{key}_seeds"] = _speedups(g, fedavg, target, setup)
+            row[key], row[f"{key}_seeds"], row[f"{key}_tried"] = _speedups(g, fedavg, target, setup)
         rows.append(row)
     return rows
 
@@ -140,8 +144,8 @@ def format_compression(rows: list[dict]) -> str:
     for r in rows:
         diff = ("—" if r["diff"] is None else
                 f"{_points(r['diff'], True)} [{_points(r['diff_low'], True)}, {_points(r['diff_high'], True)}]")
-        speedup = ("—" if r["speedup"] is None else
-                   f"{r['speedup']:.3g}x ({r['speedup_seeds']} of {r['seeds']})")
+        speedup = ("—" if not r["speedup_tried"] else f"not reached (0 of {r['speedup_tried']})"
+                   if r["speedup"] is None else f"{r['speedup']:.3g}x ({r['speedup_seeds']} of {r['speedup_tried']})")
         lines.append(f"| {r['algorithm']} | {r['encoding']} | {r['seeds']} | {_points(r['maua'])} "
                      f"[{_points(r['maua_low'])}, {_points(r['maua_high'])}] | {_mb(r['bytes_total'])} "
                      f"| {_mb(r['bytes_training'])} | {_ratio(r['bytes_ratio'])} | {diff} | {r['verdict'] or ''} "
