@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,19 @@ def test_the_goal_lines_follow_the_rows():
     table = format_compression(rows)
     assert table.count("\n") == len(rows) + 1 and "| fedcache | argmax | 3 |" in table
 
+
+
+def test_docs_compression_md_is_what_its_generator_writes_from_the_result_file(repo_root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compression_bench", repo_root / "bench" / "compression.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = json.loads(bench.RESULTS.read_text())
+    docs = bench.DOCS.read_text()
+    regenerate = "run .venv/bin/python bench/compression.py docs"
+    assert bench.BEGIN in docs, f"docs/compression.md has no measured section: {regenerate}"
+    assert bench.render(result, docs) == docs, f"docs/compression.md is stale: {regenerate}"
+    labels = {r["label"] for r in result["runs"]}
+    assert any("encode_up=int8" in label for label in labels if label.startswith("fedcache"))
+    assert any(label.startswith("fedavg (") and "int8" in label for label in labels)
