@@ -148,6 +148,7 @@ def evaluate_with(client: "Client", state: dict[str, torch.Tensor], batch_size: 
     return evaluate_model(model, client.x_test, client.y_test, batch_size)[0]
 
 
+@torch.no_grad()  # no autograd graph: the same outputs, without recording every activation for a backward pass
 def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
     """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
     model.eval()
