@@ -105,6 +105,8 @@ def test_vectorized_equals_sequential(tiny_workspace, mnist, float64, method, he
         assert trainer.ledger.total() == tally["bytes"] == tally["serialized"], type(trainer.executor).__name__
 
 
+# the methods whose payloads issue 38 made encodable (a method added later may start without encodings)
+ENCODED = ("fd", "fedalt", "fedavg", "fedcache", "feddkc", "fedict", "fedproto", "mtfl", "pdfl", "pfedme")
 LOSSY = ("int8", "topk:0.25", "topk:3", "float16", "argmax")  # tried in turn, from a different start on each key
 
 
@@ -135,8 +137,8 @@ def test_every_methods_encoded_payloads_are_counted_exactly(tiny_workspace, mnis
     the bytes of every array that crossed the boundary and their .npy lengths less the headers, and each row follows
     the declared formula. (Each method's own encoding tests go through every encoding it takes.)"""
     keys = _encoding_keys(method)
-    if not keys:
-        assert method == "local", f"{method} has no encode_* params: its payloads cannot be compressed"
+    if not keys:  # a method may send float32 only (local-only sends nothing; a new method may start so)
+        assert method not in ENCODED, f"{method} lost its encode_* params"
         return
     _, params, part = tiny_workspace
     params, chosen = _encoded(tiny(params, method), method)
