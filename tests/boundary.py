@@ -80,3 +80,42 @@ def assert_ledger_follows_the_declared_formula(trainer) -> None:
             assert 1 <= count <= wire.count, f"{where}: {count} units of {wire.unit} B, declared 1..{wire.count}"
     if server.name != "local":
         assert rows, f"{server.name}: nothing was counted"
+
+
+# -- building and running a method's trainer in a test workspace (tests/conftest.py's tiny_workspace) --
+
+def trainer_for(params, part, mnist, method: str, run: str, **section):
+    """A Trainer of `method` with keys of its params section replaced (e.g. encode_up="int8"), writing under
+    paths.RUNS / run."""
+    from conftest import with_section
+    from pipeline import paths
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.results.store import RunResultsDB
+    from pipeline.train.engine import Trainer
+
+    if section:
+        params = with_section(params, method, **section)
+    return Trainer(params, REGISTRY[method], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
+                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
+
+
+def run_tallied(trainer, rounds: int = 2) -> dict[str, int]:
+    """Tally the boundary (tally_the_boundary), then start the trainer and run rounds 1..rounds."""
+    crossed = tally_the_boundary(trainer)
+    trainer.start()
+    for r in range(1, rounds + 1):
+        trainer.run_round(r)
+    return crossed
+
+
+def record_uploads(trainer) -> dict[int, dict[str, torch.Tensor]]:
+    """Wrap the simulation's upload door: client -> the arrays of its latest upload, filled as rounds run."""
+    sim, got = trainer.sim, {}
+    receive = sim.receive
+
+    def keep(round_, client, upload, at=None):
+        got.update({client: p.arrays for p in upload.payloads})
+        return receive(round_, client, upload, at)
+
+    sim.receive = keep
+    return got

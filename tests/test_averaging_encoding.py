@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
-from conftest import tiny, tiny_params_raw, with_section
-from pipeline import paths
+from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
+from conftest import tiny, tiny_params_raw
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.averaging import decode_state, encode_state
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 
@@ -24,14 +21,8 @@ def mnist(small_mnist):
 
 
 def _run(params, part, mnist, method: str, run: str, rounds: int = 2, **codes) -> tuple[Trainer, dict]:
-    params = with_section(tiny(params, method), method, **codes)
-    trainer = Trainer(params, REGISTRY[method], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                      RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return trainer, crossed
+    trainer = trainer_for(tiny(params, method), part, mnist, method, run, **codes)
+    return trainer, run_tallied(trainer, rounds)
 
 
 @pytest.mark.parametrize("method, codes", [("fedavg", [("int8", "int8"), ("float16", "int8"), ("float32", "float16")]),

@@ -8,15 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
-from conftest import tiny_params_raw, with_section
-from pipeline import paths
+from boundary import assert_ledger_follows_the_declared_formula, record_uploads, run_tallied, trainer_for
+from conftest import tiny_params_raw
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.encoding import row_bytes
 from pipeline.methods.fd import method as fd
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 C = 10  # MNIST's classes
@@ -28,30 +25,7 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, run: str, **codes) -> Trainer:
-    params = with_section(params, "fd", **codes)
-    return Trainer(params, REGISTRY["fd"], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
-
-
-def _run(trainer: Trainer, rounds: int = 2) -> dict:
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return crossed
-
-
-def _received(trainer: Trainer) -> dict[int, dict[str, torch.Tensor]]:
-    """Wrap the simulation's upload door: client -> the arrays of its latest upload."""
-    sim, got = trainer.sim, {}
-    receive = sim.receive
-
-    def keep(round_, client, upload, at=None):
-        got.update({client: p.arrays for p in upload.payloads})
-        return receive(round_, client, upload, at)
-
-    sim.receive = keep
-    return got
+    return trainer_for(params, part, mnist, "fd", run, **codes)
 
 
 # every encoding FD takes, each once up and once down
@@ -60,7 +34,7 @@ def _received(trainer: Trainer) -> dict[int, dict[str, torch.Tensor]]:
 def test_encoded_bytes_are_counted_exactly(tiny_workspace, mnist, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "enc", encode_up=up, encode_down=down)
-    crossed = _run(trainer)
+    crossed = run_tallied(trainer)
     assert trainer.ledger.total() == crossed["bytes"] == crossed["serialized"]
     assert_ledger_follows_the_declared_formula(trainer)
     sizes = {(d, kind): b for r in (1, 2) for _, _, d, kind, b, _ in trainer.ledger.rows(r)}
@@ -86,8 +60,8 @@ def test_the_receivers_hold_what_int8_decodes_to(tiny_workspace, mnist, monkeypa
     monkeypatch.setattr(fd, "encode", spy)
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "int8", encode_up="int8", encode_down="int8")
-    uploads = _received(trainer)
-    _run(trainer, rounds=1)  # round 1 has no class teachers yet: every encode was an upload
+    uploads = record_uploads(trainer)
+    run_tallied(trainer, rounds=1)  # round 1 has no class teachers yet: every encode was an upload
     server = trainer.server
 
     def near_but_not(decoded, rows, parts):
@@ -118,8 +92,8 @@ def test_float32_by_default_sends_what_fd_always_sent(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     assert (params.fd.encode_up, params.fd.encode_down) == ("float32", "float32")
     trainer = _trainer(params, part, mnist, "plain")
-    uploads = _received(trainer)
-    _run(trainer)
+    uploads = record_uploads(trainer)
+    run_tallied(trainer)
     for k, arrays in uploads.items():
         assert sorted(arrays) == ["class_ids", "logits"]
         assert arrays["class_ids"].dtype == torch.int64 and arrays["logits"].dtype == torch.float32

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
+from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary, trainer_for
 from conftest import tiny_params_raw, with_section
 from models.multiexit import NUM_BLOCKS, block_state
 from pipeline import paths
@@ -19,8 +19,6 @@ from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.averaging import decode_state, encode_change
 from pipeline.federation.contract import state_bytes
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 
@@ -32,9 +30,7 @@ def mnist(small_mnist):
 def _trainer(params, part, mnist, run: str, **codes) -> Trainer:
     # compute tiers 1 and 2 only: every client keeps at least its last block, which travels up as a change from
     # the client's own block (the server adds it to its copy)
-    params = with_section(params, "fedalt", capacity=[0.5, 0.5, 0.0], **codes)
-    return Trainer(params, REGISTRY["fedalt"], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
+    return trainer_for(params, part, mnist, "fedalt", run, capacity=[0.5, 0.5, 0.0], **codes)
 
 
 def _assert_counted_exactly(trainer: Trainer, crossed: dict, down: str, up: str) -> None:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
+from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
 from conftest import tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 
@@ -23,17 +21,7 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, run: str, **fedcache) -> Trainer:
-    params = with_section(tiny(params, "fedcache"), "fedcache", **fedcache)
-    return Trainer(params, REGISTRY["fedcache"], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
-
-
-def _run(trainer: Trainer, rounds: int = 2) -> dict:
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return crossed
+    return trainer_for(tiny(params, "fedcache"), part, mnist, "fedcache", run, **fedcache)
 
 
 def _weights(trainer: Trainer) -> list[torch.Tensor]:
@@ -45,7 +33,7 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
 def test_encoded_bytes_are_counted_exactly_in_round_consistency(tiny_workspace, mnist, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "enc", encode_up=up, encode_down=down)
-    crossed = _run(trainer)
+    crossed = run_tallied(trainer)
     assert trainer.ledger.total() == crossed["bytes"] == crossed["serialized"]
     assert_ledger_follows_the_declared_formula(trainer)
     kinds = {kind for r in trainer.ledger.counts for (_, _, kind, _) in trainer.ledger.counts[r]}
@@ -58,7 +46,7 @@ def test_per_batch_exchange_carries_encoded_rows(tiny_workspace, mnist, consiste
     params = with_section(params, "train", executor=executor)
     trainer = _trainer(params, part, mnist, consistency, consistency=consistency, encode_up="int8",
                        encode_down="topk:2")
-    crossed = _run(trainer, rounds=1)
+    crossed = run_tallied(trainer, rounds=1)
     assert trainer.ledger.total() == crossed["bytes"] == crossed["serialized"]
     assert_ledger_follows_the_declared_formula(trainer)
 
@@ -66,13 +54,13 @@ def test_per_batch_exchange_carries_encoded_rows(tiny_workspace, mnist, consiste
 def test_a_lossless_delta_trains_exactly_as_float32_and_a_wide_one_sends_only_ids_and_bitmaps(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     plain = _trainer(params, part, mnist, "plain")
-    _run(plain)
+    run_tallied(plain)
     exact = _trainer(params, part, mnist, "exact", encode_up="delta:0", encode_down="delta:0")
-    _run(exact)
+    run_tallied(exact)
     for a, b in zip(_weights(plain), _weights(exact)):
         assert torch.equal(a, b)  # the receivers rebuilt every row bit for bit from what changed
     wide = _trainer(params, part, mnist, "wide", encode_up="delta:1e9", encode_down="delta:1e9")
-    _run(wide, rounds=3)
+    run_tallied(wide, rounds=3)
     C, sizes = 10, [c.num_train for c in wide.clients]
     for k, n in enumerate(sizes):  # nothing moves by 1e9: no logits travel after round 1, no teacher after the
         # round it first exists in (round 2: round 1's download had none, as the cache was empty)

@@ -9,14 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
-from conftest import tiny_params_raw, with_section
-from pipeline import paths
+from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
+from conftest import tiny_params_raw
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.encoding import decode
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 D = 64  # the prototype size: ResNet-8's feature size
@@ -28,18 +25,12 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, run: str, **fedproto) -> Trainer:
-    params = with_section(params, "fedproto", **fedproto)
-    return Trainer(params, REGISTRY["fedproto"], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
+    return trainer_for(params, part, mnist, "fedproto", run, **fedproto)
 
 
 def _run(trainer: Trainer, rounds: int = 3) -> dict:
     """Three rounds: the first download comes in round 2, a delta's unsent rows show from round 3."""
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return crossed
+    return run_tallied(trainer, rounds)
 
 
 def _weights(trainer: Trainer) -> list[torch.Tensor]:

@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
-from conftest import tiny, tiny_params_raw, with_section
-from pipeline import paths
+from boundary import (assert_ledger_follows_the_declared_formula, record_uploads, run_tallied, tally_the_boundary,
+                      trainer_for)
+from conftest import tiny, tiny_params_raw
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation import gkt
 from pipeline.federation.encoding import row_bytes
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 C, MAPS = 10, 16  # MNIST's classes; the stem's feature maps a sample
@@ -30,30 +28,7 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, method: str, run: str, **codes) -> Trainer:
-    params = with_section(tiny(params, method), method, **codes)
-    return Trainer(params, REGISTRY[method], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
-
-
-def _run(trainer: Trainer, rounds: int = 2) -> dict:
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return crossed
-
-
-def _received(trainer: Trainer) -> dict[int, dict[str, torch.Tensor]]:
-    """Wrap the simulation's upload door: client -> the arrays of its latest upload."""
-    sim, got = trainer.sim, {}
-    receive = sim.receive
-
-    def keep(round_, client, upload, at=None):
-        got.update({client: p.arrays for p in upload.payloads})
-        return receive(round_, client, upload, at)
-
-    sim.receive = keep
-    return got
+    return trainer_for(tiny(params, method), part, mnist, method, run, **codes)
 
 
 def _assert_counted_exactly(trainer: Trainer, crossed: dict, up: str, down: str, pixels: int) -> None:
@@ -76,8 +51,8 @@ def _assert_counted_exactly(trainer: Trainer, crossed: dict, up: str, down: str,
 def test_encoded_bytes_are_counted_exactly(tiny_workspace, mnist, method, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, method, f"{method}-enc", encode_up=up, encode_down=down)
-    uploads = _received(trainer)
-    crossed = _run(trainer)
+    uploads = record_uploads(trainer)
+    crossed = run_tallied(trainer)
     pixels = mnist.input_shape[1] * mnist.input_shape[2]  # a feature map is the image's size (a stride-1 stem)
     _assert_counted_exactly(trainer, crossed, up, down, pixels)
     if up == "float32":  # what the uploads always were
@@ -107,7 +82,7 @@ def test_the_receivers_train_on_what_int8_decodes_to(tiny_workspace, mnist, monk
     folded = {}  # what the server's training reads of each upload
     begin_aggregate = server.begin_aggregate
     server.begin_aggregate = lambda arrays: (folded.update(arrays), begin_aggregate(arrays))
-    uploads = _received(trainer)
+    uploads = record_uploads(trainer)
     crossed = tally_the_boundary(trainer)
     trainer.start()
     trainer.run_round(1)  # no download in round 1: every encode was an upload's

@@ -8,15 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
-from conftest import tiny, tiny_params_raw, with_section
-from pipeline import paths
+from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
+from conftest import tiny, tiny_params_raw
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.averaging import decode_state
 from pipeline.methods.pdfl import method as pdfl
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 C = 10
@@ -28,18 +25,12 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, run: str, **codes) -> Trainer:
-    params = with_section(tiny(params, "pdfl"), "pdfl", external_peers=1, **codes)
-    return Trainer(params, REGISTRY["pdfl"], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
+    return trainer_for(tiny(params, "pdfl"), part, mnist, "pdfl", run, external_peers=1, **codes)
 
 
 def _run(trainer: Trainer, rounds: int = 2) -> dict:
     """Two rounds: the feedback copies of round 1 are delivered (and counted) in round 2."""
-    crossed = tally_the_boundary(trainer)
-    trainer.start()
-    for r in range(1, rounds + 1):
-        trainer.run_round(r)
-    return crossed
+    return run_tallied(trainer, rounds)
 
 
 def _delivered(trainer: Trainer) -> list[tuple[int, object]]:

@@ -12,15 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary
+from boundary import assert_ledger_follows_the_declared_formula, tally_the_boundary, trainer_for
 from conftest import tiny, tiny_params_raw, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.averaging import decode_state, encode_change, encode_state, state_size
 from pipeline.federation.contract import state_bytes
-from pipeline.methods.registry import REGISTRY
-from pipeline.results.store import RunResultsDB
 from pipeline.train.engine import Trainer
 
 
@@ -30,9 +28,7 @@ def mnist(small_mnist):
 
 
 def _trainer(params, part, mnist, method: str, run: str, **codes) -> Trainer:
-    params = with_section(tiny(params, method), method, **codes)
-    return Trainer(params, REGISTRY[method], part, mnist, paths.RUNS / run, paths.CHECKPOINTS / f"{run}.pt",
-                   RunResultsDB(paths.RUNS / run / "run.duckdb"), [paths.PARTITION])
+    return trainer_for(tiny(params, method), part, mnist, method, run, **codes)
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
