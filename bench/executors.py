@@ -44,13 +44,11 @@ DASK_EXECUTORS = ("dask", "dask-separate")
 
 def build_fedavg(setting: str, device: str, group_size: int, synthetic: bool, seed: int = 0):
     """The harness's partition and clients with the library's FedAvg (ResNet-8 on every client)."""
-    from types import SimpleNamespace
-
     import torch_harness as h
+
     from pipeline.methods.fedavg.method import FedAvg
 
-    params = h.bench_params("resnet8", "round", group_size, seed)
-    params.fedavg = SimpleNamespace(eval_model="personalized")
+    params = h.bench_params("resnet8", "round", group_size, seed)  # its fedavg section: personalized evaluation
     return h.simulation(FedAvg, setting, params, device, synthetic, seed)
 
 

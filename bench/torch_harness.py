@@ -44,11 +44,15 @@ SETTINGS = {
 
 
 def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -> SimpleNamespace:
+    # rounds: params.yaml's 30; a benchmark's few timed rounds never reach the last, whose final downloads
+    # belong to the run's end, not to a round
     train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
                             eval_batch_size=512, model=model, group_size=group_size, executor="vectorized",
-                            fresh_optimizer=False)
-    fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip")
-    return SimpleNamespace(seed=seed, train=train, fedcache=fedcache)
+                            fresh_optimizer=False, rounds=30, schedule="sync")
+    fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip", encode_up="float32",
+                               encode_down="float32")
+    fedavg = SimpleNamespace(eval_model="personalized", encode_up="float32", encode_down="float32")
+    return SimpleNamespace(seed=seed, train=train, fedcache=fedcache, fedavg=fedavg)
 
 
 def load_data(synthetic: bool) -> ImageDataset:
@@ -101,7 +105,7 @@ def partition_and_clients(setting: str, device: str, synthetic: bool, seed: int,
     ds = load_data(synthetic)
     part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
                                   samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
-                                  max_retries=100)
+                                  max_retries=100, test_fraction=1.0, val_ratio=1.0, val_holdout=0.1)
     part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)
     dev = torch.device(device)
     clients = build_clients(params, part, ds, dev, s["hetero"])
