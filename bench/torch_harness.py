@@ -43,6 +43,18 @@ SETTINGS = {
 }
 
 
+def scaled_setting(num_clients: int, hetero: bool, samples_per_client: int | None = 200, model: str = "resnet8"
+                   ) -> dict:
+    """A setting like SETTINGS' at any K (bench/scaling.py): `model` on every client, or A1/A2/A3 by client
+    index when hetero; samples_per_client None uses all 60,000 samples."""
+    return {"num_clients": num_clients, "hetero": hetero, "model": model, "samples_per_client": samples_per_client}
+
+
+def _setting(setting: str | dict) -> dict:
+    """A SETTINGS name, or a setting dict itself (scaled_setting)."""
+    return SETTINGS[setting] if isinstance(setting, str) else setting
+
+
 def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -> SimpleNamespace:
     # rounds: params.yaml's 30; a benchmark's few timed rounds never reach the last, whose final downloads
     # belong to the run's end, not to a round
@@ -99,9 +111,9 @@ class HarnessFedCache(FedCache):
         return None
 
 
-def partition_and_clients(setting: str, device: str, synthetic: bool, seed: int, params) -> tuple:
+def partition_and_clients(setting: str | dict, device: str, synthetic: bool, seed: int, params) -> tuple:
     """The setting's Dirichlet partition, its dataset and the library's clients over it."""
-    s = SETTINGS[setting]
+    s = _setting(setting)
     ds = load_data(synthetic)
     part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
                                   samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
@@ -113,7 +125,7 @@ def partition_and_clients(setting: str, device: str, synthetic: bool, seed: int,
     return ds, part, clients, ctx
 
 
-def simulation(method_cls: type[Server], setting: str, params, device: str, synthetic: bool, seed: int = 0
+def simulation(method_cls: type[Server], setting: str | dict, params, device: str, synthetic: bool, seed: int = 0
                ) -> tuple[Simulation, Partition]:
     """The library's Simulation of a method over the setting (sequential executor: set `.executor` to change it)."""
     ds, part, clients, ctx = partition_and_clients(setting, device, synthetic, seed, params)
@@ -122,25 +134,29 @@ def simulation(method_cls: type[Server], setting: str, params, device: str, synt
     return Simulation(method_cls, clients, ctx, SequentialExecutor()), part
 
 
-def build(setting: str, consistency: str, device: str, group_size: int, synthetic: bool, seed: int = 0
+def build(setting: str | dict, consistency: str, device: str, group_size: int, synthetic: bool, seed: int = 0
           ) -> tuple[Simulation, Partition]:
     """FedCache over the setting."""
-    params = bench_params(SETTINGS[setting]["model"], consistency, group_size, seed)
+    params = bench_params(_setting(setting)["model"], consistency, group_size, seed)
     return simulation(HarnessFedCache, setting, params, device, synthetic, seed)
 
 
-def timed_rounds(sim: Simulation, rounds: int, device: str) -> list[float]:
-    """Seconds of each round (downloads, local training, uploads, aggregation; no evaluation)."""
+def timed_rounds(sim: Simulation, rounds: int, device: str, timers: list[Timer] | None = None) -> list[float]:
+    """Seconds of each round (downloads, local training, uploads, aggregation; no evaluation); each round's
+    Timer (its "exchange": the server half and the ledger) is appended to `timers` when given."""
     out = []
     selected = list(range(len(sim.clients)))
     for r in range(1, rounds + 1):
         if device.startswith("cuda"):
             torch.cuda.synchronize()
+        timer = Timer()
         start = time.perf_counter()
-        sim.run_round(r, selected, Timer())
+        sim.run_round(r, selected, timer)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         out.append(time.perf_counter() - start)
+        if timers is not None:
+            timers.append(timer)
     return out
 
 
