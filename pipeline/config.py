@@ -175,6 +175,9 @@ class TrainParams(Section):
     checkpoint_every: int = Field(1, ge=1)
     threads: int | None = Field(None, ge=1)
     executor: Literal["sequential", "vectorized", "dask"] = "vectorized"
+    # bfloat16: local training's forward + loss and evaluation under torch.autocast(bfloat16); weights, optimizer
+    # state and payloads stay float32 (pipeline/train/precision.py). float32 is the reference
+    precision: Literal["float32", "bfloat16"] = "float32"
     group_size: int = Field(32, ge=1)
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core

@@ -23,6 +23,9 @@ Evaluation is a client task too (`LocalUpdate.evaluate`), run by the executor: t
 batches the default evaluation (each client's own model) in grouped networks like training; a
 method's own readings, and the other executors, run it one client after another (dask in the
 flow's process, where the test splits are).
+
+Every executor runs a step's forward + loss and every evaluation in `train.precision`
+(pipeline/train/precision.py: bfloat16 autocast or plain float32); what leaves a step is float32.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pipeline.federation.contract import Evaluation, LocalUpdate, Phase, Step, U
 from pipeline.federation.clients import Client, phase_batches
 from pipeline.federation.ledger import Payload
 from pipeline.progress import BarFactory, no_bar
+from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
 Exchange = Callable[[int, dict[int, Payload]], dict[int, Payload]]
 Records = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -53,8 +57,12 @@ class StepHook:
 
 
 def evaluate(local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
-    """Every client's evaluation (a client task), one client after another."""
-    return {c.id: local.evaluate(c, download) for c in clients}
+    """Every client's evaluation (a client task), one client after another, in the run's precision."""
+    out = {}
+    for c in clients:
+        with autocast_for(local.params, c.x_test.device):
+            out[c.id] = local.evaluate(c, download)
+    return out
 
 
 @contextmanager
@@ -109,13 +117,17 @@ class SequentialExecutor:
                         if exchange is None:
                             raise RuntimeError("this client half calls the per-step exchange hook, which runs only "
                                                "next to the server half (sequential or vectorized executor)")
-                        down = exchange(round_, {client.id: _to_cpu(payload)})[client.id]
+                        with autocast_off(client.x_train.device):
+                            down = exchange(round_, {client.id: _to_cpu(payload)})[client.id]
                         return {n: a.to(client.x_train.device) for n, a in down.arrays.items()}
 
                     step = Step(x=client.x_train[dev], y=client.y_train[dev], ids=ids,
                                 t={n: v[dev] for n, v in targets.items()}, exchange=send,
-                                record=lambda name, rows, idx=idx: records[name].append((idx, rows.detach())))
-                    rows = local.loss(client.model, step, phase)
+                                record=lambda name, rows, idx=idx: records[name].append(
+                                    (idx, as_float32(rows.detach()))))
+                    # forward + loss in the run's precision; backward and the optimizer step outside it
+                    with autocast_for(local.params, client.x_train.device):
+                        rows = local.loss(client.model, step, phase)
                     client.step(rows.sum() / len(idx))
                     if end_step is not None:
                         end_step()
@@ -123,7 +135,8 @@ class SequentialExecutor:
 
 
 def _to_cpu(payload: Payload) -> Payload:
-    return Payload(payload.kind, {n: a.detach().cpu() for n, a in payload.arrays.items()}, payload.sender)
+    """A per-step payload as it leaves the client: on the CPU, floats as float32 whatever the precision."""
+    return Payload(payload.kind, {n: as_float32(a.detach().cpu()) for n, a in payload.arrays.items()}, payload.sender)
 
 
 # -- vectorized ---------------------------------------------------------------------------
@@ -190,8 +203,10 @@ class GroupRun:
         step = Step(x=self.x[dev_flat], y=self.y[dev_flat], ids=self.ids[flat],
                     t={n: v[dev_flat] for n, v in self.t.items()},
                     exchange=lambda payload: self._exchange(payload, A, B, sizes),
-                    record=lambda name, rows: self.records[name].append((flat, rows.detach())))
-        rows = self.local.loss(self.model, step, self.phase).view(A, B)
+                    record=lambda name, rows: self.records[name].append((flat, as_float32(rows.detach()))))
+        # forward + loss in the run's precision; backward and the optimizer step outside it
+        with autocast_for(self.local.params, self.x.device):
+            rows = self.local.loss(self.model, step, self.phase).view(A, B)
         if mask is not None:
             rows = rows * mask.to(rows.device, rows.dtype)
         per_client = rows.sum(dim=1) / sizes.to(rows.device, rows.dtype)
@@ -204,9 +219,10 @@ class GroupRun:
         ups = {}
         for a in range(A):
             n = int(sizes[a])
-            ups[self.clients[a].id] = Payload(payload.kind, {name: arr[a * B:a * B + n].detach().cpu()
+            ups[self.clients[a].id] = Payload(payload.kind, {name: as_float32(arr[a * B:a * B + n].detach().cpu())
                                                              for name, arr in payload.arrays.items()})
-        downs = self.exchange(self.round, ups)
+        with autocast_off(self.x.device):
+            downs = self.exchange(self.round, ups)
         out = {}
         for name in downs[self.clients[0].id].arrays:
             first = downs[self.clients[0].id].arrays[name]
@@ -329,5 +345,6 @@ class VectorizedExecutor:
         out = evaluate(local, alone, download)
         batch = local.params.train.eval_batch_size
         for group in self.groups([c for c in clients if supports(c.model) is None]):
-            out.update(grouped_accuracy(group, batch))
+            with autocast_for(local.params, group[0].x_test.device):
+                out.update(grouped_accuracy(group, batch))
         return {c.id: out[c.id] for c in clients}
