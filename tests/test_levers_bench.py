@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench import levers
 
 HEADER = {"cpu": "Made-up CPU (family 1, model 2; AVX2, no AVX-512), 2 CPUs",
@@ -96,6 +98,7 @@ def test_the_docs_section_is_what_the_result_files_render(repo_root):
         assert levers.render_docs(results, text) == text, "stale: run .venv/bin/python bench/levers.py --docs"
 
 
+@pytest.mark.slow  # child processes that import torch and train: the end-to-end tier
 def test_one_tiny_lever_run_end_to_end(tmp_path, repo_root):
     out = tmp_path / "levers.json"
     run = subprocess.run([sys.executable, str(repo_root / "bench" / "levers.py"), "--levers", "channels_last",

@@ -73,6 +73,7 @@ def test_paper_check(rss, word):
     assert scaling.paper_check([row(20, 4000, 1.0, models="hetero")], 200).endswith("not in this run")
 
 
+@pytest.mark.slow  # child processes that import torch and train: the end-to-end tier
 def test_one_tiny_cell_end_to_end(tmp_path, repo_root):
     out = tmp_path / "scaling.json"
     run = subprocess.run([sys.executable, str(repo_root / "bench" / "scaling.py"), "--ks", "20", "--models", "hetero",
