@@ -15,11 +15,13 @@ the partition, encode and index stages run in bench/.work/roofline/<setting>/) a
             training samples), plus one forward per evaluated sample (each client's test and validation split,
             as the training stage evaluates every round). The vectorized executor also computes padding rows
             for partial batches; those are not useful work and are not counted.
-  peak      a large square GEMM (torch.mm) on the same torch threads as the executor, best of a few repeats:
-            fp32, and bf16 where the CPU has bf16 units (/proc/cpuinfo: avx512_bf16 or amx_bf16).
-  achieved  round FLOPs / round wall seconds (training + evaluation; no results or checkpoint writes) / peak.
-            The pipeline computes in fp32; a bf16 row (only where the CPU has bf16 units) runs the same round
-            under torch.autocast(bfloat16) and is set against the bf16 peak.
+  peak      a large square GEMM (torch.mm) on the same torch threads as the executor, best of a few repeats,
+            in fp32 and in bf16. A CPU without bf16 units (/proc/cpuinfo: neither avx512_bf16 nor amx_bf16)
+            emulates the bf16 GEMM: its figure is measured all the same and marked "emulated, no bf16 units".
+  achieved  round FLOPs / round wall seconds (training + evaluation; no results or checkpoint writes) / peak,
+            per executor and precision: fp32 is `train.precision: float32` (the default), bf16 the same round
+            with `train.precision: bfloat16` (the forward passes and losses of training and evaluation under
+            bfloat16 autocast; pipeline/train/precision.py), set against the bf16 peak.
   the rest  torch.profiler over one more round: each op's self CPU time by op class (convolution, batch norm,
             linear/matmul, optimizer, loss/softmax, data movement, other ops), and Python/other = the round's
             wall time minus all profiled op time (the interpreter, the engine's own code, the profiler's
@@ -69,6 +71,7 @@ from pipeline.machine import cpu_description  # noqa: E402
 
 EXECUTORS = ("sequential", "vectorized")
 PRECISIONS = ("fp32", "bf16")
+KNOB = {"fp32": "float32", "bf16": "bfloat16"}  # a precision's train.precision value
 OP_CLASSES = ("convolution", "batch norm", "linear/matmul", "optimizer", "loss/softmax", "data movement",
               "other ops", "Python/other")
 
@@ -103,10 +106,25 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def bf16_units() -> str | None:
-    """The CPU's bf16 instructions (None: none, so a bf16 GEMM would be emulated in fp32 arithmetic)."""
-    found = [f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags()]
+def bf16_units(flags: set[str] | None = None) -> str | None:
+    """The CPU's bf16 instructions among `flags` (default: this CPU's); None: none, so bf16 arithmetic is
+    emulated (converted to fp32 and back), slower than fp32."""
+    flags = cpu_flags() if flags is None else flags
+    found = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
     return ", ".join(found) or None
+
+
+NO_UNITS = "emulated, no bf16 units"
+EMULATED = ("none (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): bf16 is emulated, so its peak and rounds measure "
+            "the emulation, slower than fp32")
+EMULATED_ROWS = ("Without bf16 units the bf16 rows set emulated convolutions (oneDNN's) against an emulated GEMM "
+                 "(torch.mm's), which is no ceiling: a fraction above 100% says the GEMM's emulation is the slower "
+                 "of the two, not that the round beat the hardware.")
+
+
+def precision_label(precision: str, units: str | None) -> str:
+    """A table's precision cell: bf16 says when it ran without bf16 units."""
+    return f"{precision} ({NO_UNITS})" if precision == "bf16" and not units else precision
 
 
 def cpu_slug() -> str:
@@ -328,9 +346,10 @@ def streaming_profile(every: int = 32):
 
 # ------------------------------------------------------------------------------------------------ one executor
 
-def executor_params(params, executor: str, threads: int | None):
-    """params with the executor (and its torch threads) set, FedCache in `round` consistency."""
-    train = params.train.model_copy(update={"executor": executor, "threads": threads})
+def executor_params(params, executor: str, threads: int | None, precision: str = "fp32"):
+    """params with the executor, its torch threads and the precision (fp32 | bf16) set, FedCache in `round`
+    consistency."""
+    train = params.train.model_copy(update={"executor": executor, "threads": threads, "precision": KNOB[precision]})
     return params.model_copy(update={"train": train,
                                      "fedcache": params.fedcache.model_copy(update={"consistency": "round"})})
 
@@ -341,27 +360,20 @@ def default_threads(executor: str) -> int:
     return (SequentialExecutor if executor == "sequential" else VectorizedExecutor).threads
 
 
-def precision_context(precision: str):
-    if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def run_round(trainer, round_: int, precision: str = "fp32") -> tuple[float, float]:
+def run_round(trainer, round_: int) -> tuple[float, float]:
     """One round as the training stage runs it, less its results and checkpoint writes: the schedule's round
     (selection, downloads, local training, uploads, aggregation), then every client evaluated on its test and
-    validation splits. Returns (training seconds, evaluation seconds)."""
+    validation splits, in the trainer's train.precision. Returns (training seconds, evaluation seconds)."""
     from pipeline.train.engine import Timer
 
     sim = trainer.sim
-    with precision_context(precision):
-        start = time.perf_counter()
-        trainer.schedule.run(round_, Timer())
-        trained = time.perf_counter()
-        sim.evaluate(round_)
-        if any(len(c.y_val) for c in sim.clients):
-            sim.evaluate(round_, "val")
-        done = time.perf_counter()
+    start = time.perf_counter()
+    trainer.schedule.run(round_, Timer())
+    trained = time.perf_counter()
+    sim.evaluate(round_)
+    if any(len(c.y_val) for c in sim.clients):
+        sim.evaluate(round_, "val")
+    done = time.perf_counter()
     return trained - start, done - trained
 
 
@@ -373,7 +385,7 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
     from workspace import fresh_trainer
 
     threads = threads or default_threads(executor)
-    params = executor_params(params, executor, threads)
+    params = executor_params(params, executor, threads, precision)
     trainer = fresh_trainer(params, "fedcache", part, ds, run_name=run_name or f"roofline-{executor}-{precision}",
                             hetero=hetero)
     try:
@@ -382,7 +394,7 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
         splits = ("test", "val") if any(len(c.y_val) for c in trainer.sim.clients) else ("test",)
         times, r = [], 0
         for r in range(1, warmup + rounds + 1):
-            seconds = run_round(trainer, r, precision)
+            seconds = run_round(trainer, r)
             if r > warmup:
                 times.append(seconds)
         best = min(times, key=sum)
@@ -393,7 +405,7 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
         if profile:
             with streaming_profile() as (totals, overhead):
                 start = time.perf_counter()
-                run_round(trainer, r + 1, precision)
+                run_round(trainer, r + 1)
                 wall = time.perf_counter() - start - overhead[0]
             out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
         return out
@@ -410,6 +422,7 @@ def achieved(result: dict, peak: float) -> float:
 
 def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: dict[str, list[dict]],
              gemm_n: int) -> str:
+    units = header.get("bf16_units")  # the CPU's bf16 instructions, None: none
     lines = [f"# Roofline: FedCache rounds against the CPU's peak ({header['cpu']})", "",
              f"Measured {header['date']} with `{header['command']}`: torch {torch.__version__}, "
              f"{header['cpu']}; FedCache with `round` consistency, batch {header['batch']}. "
@@ -417,11 +430,12 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
              "FLOPs count convolutions and matrix products (torch.utils.flop_counter), not BatchNorm, activations "
              "or the optimizer.", "",
              f"## Peak: a {gemm_n} x {gemm_n} GEMM, best of the repeats", "",
+             f"bf16 units: {units or EMULATED}.", "",
              "| torch threads | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|"]
     for threads in sorted({t for t, _ in peaks}):
         bf16 = peaks.get((threads, "bf16"))
         lines.append(f"| {threads} | {peaks[(threads, 'fp32')] / 1e9:.1f} | "
-                     f"{f'{bf16 / 1e9:.1f}' if bf16 else 'no bf16 units (no avx512_bf16 or amx_bf16)'} |")
+                     + (f"{bf16 / 1e9:.1f}{'' if units else f' ({NO_UNITS})'}" if bf16 else "not measured") + " |")
     lines += ["", "## The work of one round", "",
               "| setting | clients | models: MFLOP per sample, train step (fwd+bwd) / eval forward | samples trained "
               "| samples evaluated | GFLOP per round: train + eval = total |", "|---|---|---|---|---|---|"]
@@ -440,22 +454,22 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setting, runs in results.items():
         for r in runs:
-            if "skipped" in r:
-                lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['threads']} | - | - | - | - | "
-                             f"{r['skipped']} | - | - |")
-                continue
+            label = precision_label(r["precision"], units)
             rate = r["work"].total / r["round_s"]
             peak = peaks[(r["threads"], r["precision"])]
-            lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['threads']} | {r['train_s']:.2f} | "
+            lines.append(f"| {setting} | {r['executor']} | {label} | {r['threads']} | {r['train_s']:.2f} | "
                          f"{r['eval_s']:.2f} | {r['round_s']:.2f} | {rate / 1e9:.2f} | {peak / 1e9:.1f} | "
                          f"{rate / peak:.1%} | {r['work'].total / peak:.2f} |")
+    if not units and any(r["precision"] == "bf16" for runs in results.values() for r in runs):
+        lines += ["", EMULATED_ROWS]
     profiled = [(s, r) for s, runs in results.items() for r in runs if "shares" in r]
     if profiled:
         lines += ["", "## Where the time goes: one profiled round, shares of its wall time", "",
                   "| setting | executor | precision | profiled round s | " + " | ".join(OP_CLASSES) + " |",
                   "|---|---|---|---|" + "---|" * len(OP_CLASSES)]
         for setting, r in profiled:
-            lines.append(f"| {setting} | {r['executor']} | {r['precision']} | {r['profiled_s']:.2f} | "
+            lines.append(f"| {setting} | {r['executor']} | {precision_label(r['precision'], units)} | "
+                         f"{r['profiled_s']:.2f} | "
                          + " | ".join(f"{r['shares'][c]:.1%}" for c in OP_CLASSES) + " |")
         lines += ["", "Self CPU time of each op (torch.profiler) by class; optimizer: everything inside an optimizer "
                   "step or zero_grad; data movement: copies, concatenation, indexing, padding, fills; Python/other: "
@@ -469,7 +483,8 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", choices=["default", "demo"], default=["default", "demo"])
     ap.add_argument("--executors", nargs="+", choices=EXECUTORS, default=list(EXECUTORS))
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
-                    help="bf16 rounds run only where the CPU has bf16 units")
+                    help="train.precision of the rounds: fp32 (float32) and bf16 (bfloat16 autocast; emulated, so "
+                         "slower, on a CPU without bf16 units)")
     ap.add_argument("--rounds", type=int, default=1, help="timed rounds per executor (the best is reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds before them")
     ap.add_argument("--threads", type=int, default=None,
@@ -492,10 +507,9 @@ def main() -> None:
     peaks: dict[tuple[int, str], float | None] = {}
     for threads in threads_used:
         peaks[(threads, "fp32")] = gemm_peak(threads, torch.float32, gemm_n)
-        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, gemm_n) if units else None
-        bf16 = peaks[(threads, "bf16")]
-        print(f"peak, {threads} threads: fp32 {peaks[(threads, 'fp32')] / 1e9:.1f} GFLOP/s, bf16 "
-              + (f"{bf16 / 1e9:.1f} GFLOP/s" if bf16 else "no bf16 units"), flush=True)
+        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, gemm_n)
+        print(f"peak, {threads} threads: fp32 {peaks[(threads, 'fp32')] / 1e9:.1f} GFLOP/s, "
+              f"bf16 {peaks[(threads, 'bf16')] / 1e9:.1f} GFLOP/s{'' if units else f' ({NO_UNITS})'}", flush=True)
 
     results: dict[str, list[dict]] = {}
     batch = None
@@ -507,21 +521,18 @@ def main() -> None:
         results[setting] = []
         for executor in args.executors:
             for precision in args.precisions:
-                if precision == "bf16" and not units:  # emulated bf16 would measure the emulation, not the units
-                    results[setting].append({"executor": executor, "precision": precision, "skipped": "no bf16 units",
-                                             "threads": args.threads or default_threads(executor)})
-                    continue
                 r = measure_executor(params, part, ds, executor, hetero=hetero, threads=args.threads,
                                      precision=precision, rounds=args.rounds, warmup=args.warmup,
                                      profile=not args.no_profile)
                 results[setting].append(r)
                 peak = peaks[(r["threads"], precision)]
-                print(f"{setting} {executor} {precision}, {r['threads']} threads: round {r['round_s']:.2f} s "
+                print(f"{setting} {executor} {precision_label(precision, units)}, {r['threads']} threads: "
+                      f"round {r['round_s']:.2f} s "
                       f"(train {r['train_s']:.2f}, eval {r['eval_s']:.2f}), {r['work'].total / 1e9:.2f} GFLOP, "
                       f"{achieved(r, peak):.1%} of the GEMM peak", flush=True)
         os.chdir(ROOT)  # load_workspace changed into the setting's folder
 
-    header = {"cpu": cpu, "date": datetime.date.today().isoformat(), "batch": batch,
+    header = {"cpu": cpu, "date": datetime.date.today().isoformat(), "batch": batch, "bf16_units": units,
               "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]])}
     table = markdown(header, peaks, results, gemm_n)
     out = args.out or (ROOT / "bench" / (".work/roofline" if args.quick else "results") /

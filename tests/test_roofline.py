@@ -92,3 +92,28 @@ def test_a_rounds_counted_flops_are_the_per_sample_figures_times_its_samples(tin
     work = roofline.round_work(trainer.sim, 1)
     assert work.train_flops > 0 and work.eval_flops > 0
     assert counter.get_total_flops() == pytest.approx(work.total, rel=0.01)
+
+
+def test_bf16_units_come_from_the_cpu_flags_and_label_an_emulated_bf16():
+    assert roofline.bf16_units({"avx2", "fma"}) is None
+    assert roofline.bf16_units({"avx512_bf16", "amx_bf16", "avx2"}) == "amx_bf16, avx512_bf16"
+    assert roofline.precision_label("fp32", None) == "fp32"
+    assert roofline.precision_label("bf16", "avx512_bf16") == "bf16"
+    assert roofline.precision_label("bf16", None) == "bf16 (emulated, no bf16 units)"
+
+
+def test_a_bf16_round_runs_with_the_precision_knob_and_is_set_against_the_bf16_peak(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    assert roofline.executor_params(params, "sequential", 1, "bf16").train.precision == "bfloat16"
+    assert roofline.executor_params(params, "sequential", 1).train.precision == "float32"
+    peaks = {(1, "fp32"): roofline.gemm_peak(1, torch.float32, n=128, repeats=2),
+             (1, "bf16"): roofline.gemm_peak(1, torch.bfloat16, n=128, repeats=2)}
+    r = roofline.measure_executor(params, part, mnist, "sequential", threads=1, precision="bf16", rounds=1, warmup=0,
+                                  profile=False)
+    assert r["precision"] == "bf16" and r["work"].total > 0 and roofline.achieved(r, peaks[(1, "bf16")]) > 0
+    header = {"cpu": "a CPU", "date": "today", "batch": 8, "command": "python"}
+    emulated = roofline.markdown({**header, "bf16_units": None}, peaks, {"quick": [r]}, 128)
+    assert "| quick | sequential | bf16 (emulated, no bf16 units) | 1 |" in emulated
+    assert "bf16 units: none" in emulated and roofline.EMULATED_ROWS in emulated
+    native = roofline.markdown({**header, "bf16_units": "amx_bf16"}, peaks, {"quick": [r]}, 128)
+    assert "| quick | sequential | bf16 | 1 |" in native and "emulat" not in native
