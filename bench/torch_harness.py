@@ -60,7 +60,7 @@ def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -
     # belong to the run's end, not to a round
     train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
                             eval_batch_size=512, model=model, group_size=group_size, executor="vectorized",
-                            fresh_optimizer=False, rounds=30, schedule="sync")
+                            fresh_optimizer=False, rounds=30, schedule="sync", precision="float32")
     fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip", encode_up="float32",
                                encode_down="float32")
     fedavg = SimpleNamespace(eval_model="personalized", encode_up="float32", encode_down="float32")
@@ -117,7 +117,9 @@ def partition_and_clients(setting: str | dict, device: str, synthetic: bool, see
     ds = load_data(synthetic)
     part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
                                   samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
-                                  max_retries=100, test_fraction=1.0, val_ratio=1.0, val_holdout=0.1)
+                                  max_retries=100, test_fraction=1.0, val_ratio=1.0,
+                                  # a setting may train on every sample, like the official code (no validation split)
+                                  val_holdout=s.get("val_holdout", 0.1))
     part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)
     dev = torch.device(device)
     clients = build_clients(params, part, ds, dev, s["hetero"])
