@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.docs_section import replace_section  # noqa: E402
 from pipeline.results.compare import RunSeries  # noqa: E402
 from pipeline.results.compression import compression_rows, format_compression, goal_lines  # noqa: E402
 
@@ -116,11 +117,7 @@ def measured_section(result: dict) -> str:
 
 def render(result: dict, text: str) -> str:
     """docs/compression.md with its measured section replaced (appended when it has none)."""
-    section = measured_section(result)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        return head + section + rest.split(END, 1)[1]
-    return text.rstrip("\n") + "\n\n## Measured: the bytes-accuracy plane\n\n" + section + "\n"
+    return replace_section(text, BEGIN, END, measured_section(result), "## Measured: the bytes-accuracy plane")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]  # the pipeline, and the sibling bench modules (also as bench.levers)
 
+from docs_section import replace_section
 from pipeline.machine import cpu_description
 
 RESULTS = ROOT / "bench" / "results"
@@ -403,11 +404,7 @@ def docs_section(results: list[dict]) -> str:
 
 def render_docs(results: list[dict], text: str) -> str:
     """`text` (docs/executors.md) with its lever section replaced, or appended under its heading when it has none."""
-    section = docs_section(results)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        return head + section + rest.split(END, 1)[1]
-    return f"{text.rstrip()}\n\n{DOCS_HEADING}\n\n{section}\n"
+    return replace_section(text, BEGIN, END, docs_section(results), DOCS_HEADING)
 
 
 def write_docs(results_dir: Path = RESULTS, docs: Path = DOCS) -> None:
