@@ -53,7 +53,7 @@ def scaling_section(results: list[dict]) -> str:
                   f"{head['threads']} torch threads, batch {head['batch']}, executor {head['executor']}{groups}; "
                   f"{head['rounds']} timed round(s), the last reported; measured {head['date']} with "
                   f"`{head['command']}`.", "",
-                  scaling.table(result["rows"], with_eval=any("eval_s" in r for r in result["rows"])), "",
+                  scaling.table(result["rows"], with_eval=any(r.get("eval_s") is not None for r in result["rows"])), "",
                   *[f"- trend, {name}: {text}" for name, text in result["trends"].items()],
                   *[f"- {line}" for line in result["skipped"]], f"- {result['check']}", ""]
     return "\n".join(parts).strip() or NOT_MEASURED
