@@ -327,9 +327,30 @@ def _serve_briefly(command: str, repo: Path, env: dict, log: Path, seconds: floa
                 proc.wait()
 
 
+def _bench_script(cmd: str) -> str:
+    """The benchmark script a command runs, with its subcommand when it has one (`bench/choices.py run`)."""
+    return re.search(r"bench/\S+\.py( [a-z_]+(?= |$))?", cmd).group(0)
+
+
 def _planned_runs() -> list[tuple[str, str, str]]:
+    """PLAN's runs, with one --help run per benchmark script (and subcommand): it stands for every line the docs
+    show of it, whose flags it must list (test below); a second interpreter start per line checked nothing more."""
     planned, _ = plan(documented_text())
-    return [p for p in planned if p[1] != "excluded"]
+    runs, helped = [], set()
+    for cmd, how, why in planned:
+        if how == "excluded" or (how == "help" and _bench_script(cmd) in helped):
+            continue
+        if how == "help":
+            helped.add(_bench_script(cmd))
+        runs.append((cmd, how, why))
+    return runs
+
+
+def documented_flags(script: str) -> set[str]:
+    """Every --flag the docs pass to a benchmark script (and subcommand), over all the lines that show it."""
+    planned, _ = plan(documented_text())
+    return {token.split("=", 1)[0] for cmd, how, _ in planned if how == "help" and _bench_script(cmd) == script
+            for token in shlex.split(cmd) if token.startswith("--")}
 
 
 # commands that leave the built repository as it was: no restore after them
@@ -373,6 +394,8 @@ def test_readme_command_runs_from_a_plain_shell(built_repo, tmp_path, cmd, how, 
     elif how == "help":
         out = built_repo.sh(cmd + " --help", bound)
         assert "usage:" in out.stdout, cmd
+        unknown = sorted(f for f in documented_flags(_bench_script(cmd)) if f not in out.stdout)
+        assert not unknown, f"{_bench_script(cmd)} has no {unknown}, which the docs show"
     elif how == "tmpdir":
         cmd = re.sub(r"(?<!\S)/tmp/(\S+)", lambda m: str(tmp_path / m.group(1)), cmd)
         out = built_repo.sh(cmd, bound)
