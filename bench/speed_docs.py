@@ -38,7 +38,7 @@ def official_section(results: list[dict]) -> str:
     parts = []
     for result in results:
         title, *rest = official_round.markdown(result, result["rows"]).splitlines()
-        parts += [f"### {result['cpu']}", "", *rest]
+        parts += [f"### {result['cpu']}", "", *"\n".join(rest).strip().splitlines(), ""]
     return "\n".join(parts).strip() or NOT_MEASURED
 
 
