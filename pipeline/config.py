@@ -310,6 +310,16 @@ class ReportParams(Section):
         return v
 
 
+class AuditParams(Section):
+    """The privacy audit (flows/audit.py): what training keeps for it, and the attacks' budgets."""
+
+    # training keeps, in results/runs/<name>/audit/, the uploads of `clients` clients (chosen by the seed) at the
+    # set-up, the first and the last round, each per-sample upload cut to `rows` seeded rows, and their final models
+    capture: bool = True
+    clients: int = Field(8, ge=1)
+    rows: int = Field(64, ge=1)
+
+
 class CoreParams(Section):
     """The shared sections, which every stage reads."""
 
@@ -322,6 +332,7 @@ class CoreParams(Section):
     train: TrainParams = TrainParams()
     devices: DevicesParams = DevicesParams()
     report: ReportParams = ReportParams()
+    audit: AuditParams = AuditParams()
 
     @model_validator(mode="after")
     def _clock_for_deadline(self) -> "CoreParams":

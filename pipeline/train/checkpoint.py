@@ -87,6 +87,20 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def read(path: Path, fix: str) -> dict:
+    """A file `save` wrote (not a round checkpoint: e.g. the audit's sample of a run), decoded. A missing or
+    unreadable file is an InputFileError naming it and `fix` (what writes it again)."""
+    from pipeline.errors import InputFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(f"{path} not found; {fix}")
+    try:
+        return _decode(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as err:  # noqa: BLE001 - damaged, truncated or foreign: name the file and the fix
+        raise InputFileError(f"{path} is unreadable ({type(err).__name__}: {_first_line(err)}); {fix}") from None
+
+
 def load(path: Path) -> dict | None:
     """The checkpoint at `path`, or None (no file; or a file it will not use, with a warning saying why:
     the run then starts again from round 0 and overwrites it)."""

@@ -62,6 +62,7 @@ from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upl
 from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.results.labels import run_label
 from pipeline.train import checkpoint
+from pipeline.train.capture import Capture
 from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
 from pipeline.train.schedules import schedule_class
 from pipeline.train.schedules.base import Schedule
@@ -132,6 +133,7 @@ class Simulation:
         self.last_round = ctx.params.train.rounds
         self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
         self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
+        self.capture: Capture | None = None  # the privacy audit's sample of the uploads (audit.capture), set by the trainer
 
     # -- the ledger: written here and only here; deliver and receive are the boundary every payload crosses --
 
@@ -140,6 +142,8 @@ class Simulation:
         """A payload crossed the boundary in `round_`: count it on `client`'s row (and, with the clock, the
         simulated instant it completed)."""
         self.ledger.record(round_, client, direction, payload, peer=peer)
+        if self.capture is not None:
+            self.capture.seen(round_, client, direction, payload, peer)
         if at is not None:
             self.ledger.stamp(round_, client, direction, payload.kind, at, peer=peer)
 
@@ -318,6 +322,10 @@ class Trainer:
             self.sim.clock = build_clock(params, devices, [c.model for c in self.sim.clients], ds.input_shape,
                                          ds.num_classes)
         self.schedule = schedule_cls(self.sim, params, run_dir)
+        self.run_dir = run_dir
+        if params.audit.capture:
+            a = params.audit
+            self.sim.capture = Capture(params.seed, part.num_clients, a.clients, a.rows, params.train.rounds)
         self.timer = Timer()
         self.seconds: dict[str, float] = defaultdict(float)  # this process's totals per section, for summary.json
         inputs = method_cls.inputs() if input_files is None else input_files
@@ -392,6 +400,8 @@ class Trainer:
         self._finish_round(round_, start)
 
     def finish(self) -> dict:
+        if self.sim.capture is not None:
+            self.sim.capture.save_models(self.clients, self.run_dir)
         self.results.finish_run(self.run_id)
         summary = self.summary()
         self.checkpoint_path.unlink(missing_ok=True)  # the run is complete; its rows are in its results file
@@ -449,6 +459,9 @@ class Trainer:
             self.results.write_round(self.run_id, round_, mean_acc, ledger.total(round_, UP), ledger.total(round_, DOWN),
                                      time.perf_counter() - start, rows, ledger.timed_rows(round_), extras,
                                      sim_time_s=None if clock is None else clock.now)
+        if self.sim.capture is not None:
+            with timer("db"):
+                self.sim.capture.flush(round_, self.run_dir)
         self.history.append((round_, mean_acc))
         self.val_history.append((round_, extras.get("val_acc")))
         if round_ % t.checkpoint_every == 0 or round_ == t.rounds:
