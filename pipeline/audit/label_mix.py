@@ -1,0 +1,304 @@
+"""Label-distribution inference: what an honest-but-curious server can estimate about each client's class mix
+from the uploads it received, scored by total-variation distance to the client's true training mix.
+
+Source of the attack on parameter-averaging methods: A. Wainakh, F. Ventola, T. Müßig, J. Keim, C. Garcia Cordero,
+E. Zimmer, T. Grube, K. Kersting and M. Mühlhäuser, "User-Level Label Leakage from Gradients in Federated
+Learning", Proceedings on Privacy Enhancing Technologies (PETS) 2022 (LLG). Its observation: the cross-entropy
+gradient of the last layer's bias for class c is the batch mean of (p_c - y_c), negative only when the batch
+holds class c, and its size grows with how many samples of c it holds; the weight rows behave alike (their sum,
+with non-negative ReLU features). A model update is minus the learning rate times those gradients, summed over the
+local steps, so the classifier's bias *rises* for the classes a client trains on.
+
+The attacker: an honest-but-curious server. It runs the protocol as written and keeps what each client sent it
+(any rounds, the set-up included), knows the method and its params (the encodings, so it can decode as the
+protocol does) and the model state it sent each client (the base a model upload is compared with). It never
+sees a client's data, model or optimizer.
+
+What each method's client sends up, and what that reveals about its class mix (pipeline/methods/<name>/method.py):
+  fedcache  set-up "hashes": sample ids, every sample's LABEL and its hash code; rounds "logits": sample ids and
+            per-sample logits -> the exact mix, sent by design (the protocol needs the labels: nothing to attack);
+            without the set-up upload, the argmax of the round logits counts the classes (less exact early on).
+  fd        "class_logits": the ids of the classes it holds and their mean logits (no counts) -> which classes are
+            present, not how many of each: the estimate is uniform over the held classes.
+  feddkc    "features": per-sample stem features, logits and LABELS (FedGKT-style) -> the exact mix, sent by design.
+  fedict    "features": as FedDKC (per-sample features, logits, labels) -> the exact mix, sent by design.
+  fedproto  set-up "feature_dim" (nothing about labels); rounds "prototypes": held class ids, per-class sample
+            COUNTS, prototypes (and accuracies) -> the exact mix from the counts, sent by design.
+  fedavg    "params": its whole model state after local training (or its encoded change) and "num_samples" -> the
+            classifier layer's update against the global model the server sent (LLG, below).
+  mtfl      "params": the shared tensors (BatchNorm stays private; the classifier head is shared) and
+            "num_samples" -> the head's update, as FedAvg.
+  pfedme    "params": its local copy w of the global model, pulled toward its personal model, and "num_samples"
+            -> the head's update, as FedAvg (weaker: w moves eta * lambda of the way a batch).
+  fedalt    "block1".."block3": its whole multi-exit model, every exit's classifier included, and "num_samples"
+            -> the update of every exit's classifier, summed.
+  local     nothing -> nothing to estimate (mix None).
+  pdfl      nothing to any server (there is none: clients relay to their neighbours) -> mix None for a server;
+            a curious NEIGHBOUR receives "knowledge" (per-class soft predictions P and class COUNTS n: the exact
+            mix) and "model" (the whole state); given those payloads, the estimate is that exact mix.
+
+The parameter-averaging estimator (normalised negative classifier gradient): s_c = the change of class c's bias,
+summed over the model's classifier layers (every Linear whose weight is [C, D] with a [C] bias; the weight row's
+sum where a layer has no bias), i.e. minus the learning rate times the summed bias gradient; the estimate is
+max(s, 0) normalised to sum 1 (uniform when no class rose). Its assumption: a class's bias rises during local
+training if and only if the client holds that class, in proportion to how many samples it holds. That holds while
+the model under-predicts the client's classes (early rounds, strongly non-IID clients: the mixes LLG targets); it
+fails when the model already fits them (late rounds: small, noisy gradients), and it over-concentrates on near-IID
+clients, where guessing a uniform mix may score better: `over_clients` reports that uniform baseline beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.encoding_spec import FLOAT32, Spec
+from pipeline.encoding_spec import parse as parse_encoding
+from pipeline.federation.averaging import decode_state
+from pipeline.federation.encoding import decode
+from pipeline.federation.ledger import Payload
+from pipeline.results.intervals import bootstrap_percentile
+
+SENT = "sent by design"
+PER_CLASS = "from per-class statistics"
+CLASSIFIER = "from the classifier update"
+PER_SAMPLE = "from per-sample logits"  # FedCache's round logits, when the set-up upload was not recorded
+NOTHING = "nothing uploaded"
+
+AVERAGING = ("fedavg", "mtfl", "pfedme", "fedalt")
+GKT = ("feddkc", "fedict")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the server estimates of one client's class mix: `mix` [C] (sums to 1), or None when it received
+    nothing that bears on it; `how` says where the estimate comes from; `note` anything a reader should know."""
+
+    mix: np.ndarray | None
+    how: str
+    note: str = ""
+
+
+# -- small helpers ------------------------------------------------------------------------------------------------
+
+
+def mix_of_labels(labels, num_classes: int) -> np.ndarray:
+    """The class mix [C] of a list of labels (a client's true training mix, or the labels it uploaded)."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64).ravel(), minlength=num_classes)[:num_classes]
+    return _normalised(counts.astype(np.float64))
+
+
+def _normalised(weights: np.ndarray) -> np.ndarray:
+    """weights [C] >= 0 -> a distribution; uniform when they are all zero (no information)."""
+    total = float(weights.sum())
+    if total <= 0:
+        return np.full(len(weights), 1.0 / len(weights))
+    return weights / total
+
+
+def _numpy(array) -> np.ndarray:
+    return array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+
+
+def _latest(uploads: list[Payload], kind: str) -> Payload | None:
+    """The last recorded payload of a kind (uploads are in the order the server received them)."""
+    found = [p for p in uploads if p.kind == kind]
+    return found[-1] if found else None
+
+
+def _spec(context: dict, key: str = "encode_up") -> Spec:
+    """The encoding the client's uploads travel in (the method's params say it; float32 when not given)."""
+    value = context.get(key, FLOAT32)
+    return parse_encoding(value) if isinstance(value, str) else value
+
+
+# -- per family ---------------------------------------------------------------------------------------------------
+
+
+def _fedcache(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    setup = _latest(uploads, "hashes")
+    if setup is not None:  # every sample's label travels with its hash code
+        return Estimate(mix_of_labels(setup.arrays["labels"], num_classes), SENT,
+                        "the set-up upload carries every training sample's label")
+    rounds = [p for p in uploads if p.kind == "logits"]
+    if not rounds:
+        return Estimate(None, NOTHING)
+    # without the labels: each sample's latest logits, their argmax counted (a sample is counted once)
+    spec = _spec(context)
+    if spec.kind == "delta":
+        return Estimate(None, PER_SAMPLE, "delta-encoded logits need the cache's copy to decode: not attempted")
+    predicted: dict[int, int] = {}
+    for p in rounds:
+        logits = decode(spec, "logits", p.arrays, columns=num_classes)
+        for sample, label in zip(_numpy(p.arrays["sample_ids"]).tolist(), _numpy(logits.argmax(dim=1)).tolist()):
+            predicted[sample] = label
+    return Estimate(mix_of_labels(list(predicted.values()), num_classes), PER_SAMPLE,
+                    "argmax of each sample's latest uploaded logits (the set-up upload, with the labels, not recorded)")
+
+
+def _gkt(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    last = _latest(uploads, "features")
+    if last is None:
+        return Estimate(None, NOTHING)
+    return Estimate(mix_of_labels(last.arrays["labels"], num_classes), SENT,
+                    "every training sample's label travels with its features")
+
+
+def _fd(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    last = _latest(uploads, "class_logits")
+    if last is None:
+        return Estimate(None, NOTHING)
+    held = np.zeros(num_classes)
+    held[_numpy(last.arrays["class_ids"]).astype(np.int64)] = 1.0
+    return Estimate(_normalised(held), PER_CLASS, "the held classes are sent, their counts are not: uniform over them")
+
+
+def _fedproto(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    last = _latest(uploads, "prototypes")
+    if last is None:
+        return Estimate(None, NOTHING)
+    ids = _numpy(last.arrays["class_ids"]).astype(np.int64)
+    weights = np.zeros(num_classes)
+    if "counts" in last.arrays:  # FedProto's count-weighted aggregation needs them: sent with the prototypes
+        weights[ids] = _numpy(last.arrays["counts"]).astype(np.float64)
+        return Estimate(_normalised(weights), SENT, "per-class sample counts travel with the prototypes")
+    weights[ids] = 1.0
+    return Estimate(_normalised(weights), PER_CLASS, "held classes only (no counts sent): uniform over them")
+
+
+def _pdfl(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    knowledge = _latest(uploads, "knowledge")
+    if knowledge is None:
+        return Estimate(None, NOTHING, "pDFL has no server: clients relay their model and knowledge to neighbours")
+    return Estimate(_normalised(_numpy(knowledge.arrays["counts"]).astype(np.float64)), SENT,
+                    "a neighbour's view (pDFL has no server): the knowledge payload carries the class counts")
+
+
+def classifier_layers(state: dict[str, torch.Tensor], num_classes: int) -> list[tuple[str, str | None]]:
+    """(weight name, bias name or None) of every Linear classifier in a state: a [C, D] weight, with its [C] bias."""
+    layers = []
+    for name, t in state.items():
+        if name.endswith(".weight") and t.dim() == 2 and t.shape[0] == num_classes:
+            bias = name.removesuffix(".weight") + ".bias"
+            has_bias = bias in state and state[bias].shape == (num_classes,)
+            layers.append((name, bias if has_bias else None))
+    return layers
+
+
+def _changes(arrays: dict[str, torch.Tensor], base: dict[str, torch.Tensor], names: list[str], spec: Spec
+             ) -> dict[str, torch.Tensor]:
+    """The client's change to these tensors: its uploaded state less the base, or its encoded change decoded."""
+    if all(n in arrays for n in names):  # sent as they are: the trained values
+        return {n: torch.as_tensor(arrays[n]).double() - base[n].double() for n in names}
+    if spec.lossless:
+        missing = [n for n in names if n not in arrays]
+        raise ValueError(f"the upload lacks {missing[:3]} and context gives no lossy encode_up to decode it by")
+    change = decode_state(spec, arrays, {n: base[n] for n in names})  # no base: the change itself
+    return {n: t.double() for n, t in change.items()}
+
+
+def classifier_scores(arrays: dict[str, torch.Tensor], base: dict[str, torch.Tensor], num_classes: int,
+                      spec: Spec = FLOAT32) -> np.ndarray:
+    """s [C]: the rise of each class's classifier bias (summed over the classifier layers; a weight row's sum where
+    a layer has no bias), i.e. minus the learning rate times the summed gradient (LLG's signal)."""
+    layers = [(w, b) for w, b in classifier_layers(base, num_classes) if (b or w) in arrays
+              or any(k.startswith((b or w) + ".") for k in arrays)]
+    if not layers:
+        raise ValueError("no classifier layer ([C, D] weight, [C] bias) of the base model is in the upload")
+    names = [b or w for w, b in layers]
+    change = _changes(arrays, base, names, spec)
+    score = np.zeros(num_classes)
+    for (w, b), name in zip(layers, names):
+        delta = change[name]
+        score += _numpy(delta if b is not None else delta.sum(dim=1))
+    return score
+
+
+def _averaging(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    """LLG's normalised negative classifier gradient, from the round's model upload (the latest recorded)."""
+    models = [p for p in uploads if p.kind == "params" or p.kind.startswith("block")]
+    if not models:
+        return Estimate(None, NOTHING)
+    base = context.get("base")
+    if base is None:
+        raise ValueError("a model upload is compared with the model the server sent: pass it as context['base'] "
+                         "(the global state dict, as the server held it when it configured the round)")
+    # one round's upload: every payload of the last round's kinds (FedAlt sends a payload per block)
+    last_kind = models[-1].kind
+    round_payloads = models if last_kind.startswith("block") else [models[-1]]
+    arrays: dict[str, torch.Tensor] = {}
+    for p in round_payloads:  # later payloads (a later round) overwrite earlier ones of the same tensors
+        arrays.update(p.arrays)
+    score = classifier_scores(arrays, base, num_classes, _spec(context))
+    rose = np.clip(score, 0.0, None)
+    note = "" if rose.sum() > 0 else "no class's bias rose: uniform"
+    return Estimate(_normalised(rose), CLASSIFIER, note)
+
+
+def _local(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+    return Estimate(None, NOTHING, "local-only training sends nothing")
+
+
+ESTIMATORS = {"fedcache": _fedcache, "fd": _fd, "fedproto": _fedproto, "local": _local, "pdfl": _pdfl,
+              **{m: _gkt for m in GKT}, **{m: _averaging for m in AVERAGING}}
+
+
+def estimate_mix(method: str, uploads: list[Payload], num_classes: int, context: dict | None = None) -> Estimate:
+    """The server's estimate of one client's class mix from the payloads it recorded from that client (any
+    rounds, in arrival order). `context`: what the server knows besides them: "encode_up" (the method's
+    upload encoding, a string or Spec; float32 when absent) and, for the parameter-averaging methods, "base"
+    (the state dict the server sent the client for the round whose upload is last in `uploads`)."""
+    if method not in ESTIMATORS:
+        raise ValueError(f"no label-mix estimator for method {method!r}; known: {sorted(ESTIMATORS)}")
+    if not uploads:
+        return Estimate(None, NOTHING)
+    return ESTIMATORS[method](uploads, num_classes, context or {})
+
+
+# -- scoring ------------------------------------------------------------------------------------------------------
+
+
+def total_variation(p, q) -> float:
+    """TV(p, q) = 0.5 * sum |p - q|: 0 for the same mix, 1 for mixes on disjoint classes."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"mixes of different shapes: {p.shape} and {q.shape}")
+    return 0.5 * float(np.abs(p - q).sum())
+
+
+def _mean_with_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """The mean over clients and its 95% bootstrap interval (over clients)."""
+    low, high = bootstrap_percentile(len(values), lambda idx: values[idx].mean(axis=1))
+    return float(values.mean()), low, high
+
+
+def over_clients(estimates, true_mixes) -> dict:
+    """Score a run's estimates (a list, or a dict by client) against the clients' true mixes (same layout).
+
+    Returns: tv (mean TV over the clients with an estimate) with tv_low / tv_high (95% bootstrap over clients),
+    n_clients (clients scored), uniform_tv (the mean TV of guessing a uniform mix, over the same clients: what an
+    attacker with nothing scores) with its interval, advantage = uniform_tv - tv with its interval (paired by
+    client: above 0, the uploads leak more than nothing), and hows (where the estimates came from). With no
+    estimate at all (nothing uploaded) the TV figures are None and the uniform baseline covers every client."""
+    keys = sorted(estimates) if isinstance(estimates, dict) else range(len(estimates))
+    if len(keys) != len(true_mixes):
+        raise ValueError(f"{len(keys)} estimates for {len(true_mixes)} true mixes")
+    scored = [k for k in keys if estimates[k].mix is not None]
+    kept = scored or list(keys)
+    truth = [np.asarray(true_mixes[k], dtype=np.float64) for k in kept]
+    uniform = np.array([total_variation(np.full(len(t), 1.0 / len(t)), t) for t in truth])
+    out = {"n_clients": len(scored), "hows": sorted({estimates[k].how for k in keys})}
+    out["uniform_tv"], out["uniform_tv_low"], out["uniform_tv_high"] = _mean_with_interval(uniform)
+    if not scored:
+        return {**out, "tv": None, "tv_low": None, "tv_high": None,
+                "advantage": None, "advantage_low": None, "advantage_high": None}
+    tv = np.array([total_variation(estimates[k].mix, t) for k, t in zip(kept, truth)])
+    out["tv"], out["tv_low"], out["tv_high"] = _mean_with_interval(tv)
+    out["advantage"], out["advantage_low"], out["advantage_high"] = _mean_with_interval(uniform - tv)
+    return out
+
+
+__all__ = ["Estimate", "classifier_layers", "classifier_scores", "estimate_mix", "mix_of_labels", "over_clients",
+           "total_variation"]
