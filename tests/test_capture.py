@@ -63,6 +63,8 @@ def test_a_model_upload_is_kept_whole(tiny_workspace, mnist):
     kinds = {p["kind"]: p["arrays"] for p in capture.load_uploads(paths.RUNS / "avg", 2)["uploads"][k]}
     state = trainer.clients[k].model.state_dict()
     assert set(kinds["params"]) == set(state)  # every tensor, none cut to `rows`
+    sent = {p["kind"]: p["arrays"] for p in capture.load_uploads(paths.RUNS / "avg", 2)["downloads"][k]}
+    assert set(sent["params"]) == set(state)  # and what the server sent it, which an update is read against
     assert {n: kinds["params"][n].size for n in state} == {n: state[n].numel() for n in state}
 
 

@@ -3,14 +3,15 @@
 An honest-but-curious server keeps what crosses to it. Training keeps a sample of the same, so that the audit
 attacks what a server really held rather than what the code could have sent:
   - the uploads to the server of `audit.clients` clients (drawn once from the "audit" seed stream) at the set-up,
-    the first and the last round, as sent (encoded; the audit decodes as the server does). A per-sample upload
+    the first and the last round, as sent (encoded; the audit decodes as the server does), and what the server sent
+    them in those rounds (the server knows what it sent: a model update is read against it). A per-sample payload
     (one with `sample_ids` or `labels`: FedCache's hashes and logits, FedDKC/FedICT's features) keeps `audit.rows`
     seeded rows of each client, kind and round; anything else (a model, per-class statistics) is kept whole;
   - those clients' final models (what a third party holding a client's model has), at the end of the run.
 Payloads sent client to client (pDFL) never reach the server and are not kept.
 
 Files, in the run's directory (a DVC output of its training stage):
-  audit/uploads-r<round>.pt   {"round", "uploads": {client: [{"kind", "arrays": {name: array}}]}}
+  audit/uploads-r<round>.pt   {"round", "uploads": {client: [{"kind", "arrays": {name: array}}]}, "downloads": (same)}
   audit/final_models.pt       {"clients": {client: state_dict}}
 both written by pipeline.train.checkpoint.save and read with torch.load(weights_only=True) (no code runs).
 Disk: at the default (8 clients, 64 rows) a few hundred KB for a logit method; a method uploading its model keeps
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.federation.ledger import SERVER, SETUP_ROUND, UP, Payload
+from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Payload
 from pipeline.seeds import rng
 from pipeline.train import checkpoint
 
@@ -62,28 +63,34 @@ class Capture:
         chosen = rng(seed, "audit").choice(num_clients, size=min(clients, num_clients), replace=False)
         self.clients = sorted(int(k) for k in chosen)
         self.rounds = {SETUP_ROUND, 1, last_round}
-        self.pending: dict[int, dict[int, list[Payload]]] = defaultdict(lambda: defaultdict(list))
+        # round -> direction -> client -> payloads
+        self.pending: dict[int, dict[str, dict[int, list[Payload]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(list)))
 
     def seen(self, round_: int, client: int, direction: str, payload: Payload, peer: int) -> None:
-        if direction == UP and peer == SERVER and round_ in self.rounds and client in self.clients:
-            self.pending[round_][client].append(payload)
+        """A payload the ledger counted: kept when it is between the server and an audited client in a captured
+        round (a download from another client carries its `sender`: not the server's)."""
+        if peer == SERVER and payload.sender is None and round_ in self.rounds and client in self.clients:
+            self.pending[round_][direction][client].append(payload)
 
     def flush(self, round_: int, run_dir: Path) -> None:
         """Write round `round_`'s sample (a captured round only; a resumed run writes it again)."""
         if round_ not in self.rounds:
             return
-        by_client = self.pending.pop(round_, {})
-        uploads = {k: self._sample(round_, k, by_client.get(k, [])) for k in self.clients}
-        checkpoint.save(uploads_file(run_dir, round_), {"round": round_, "uploads": uploads})
+        seen = self.pending.pop(round_, {})
+        kept = {name: {k: self._sample(round_, k, seen.get(direction, {}).get(k, []), direction) for k in self.clients}
+                for name, direction in (("uploads", UP), ("downloads", DOWN))}
+        checkpoint.save(uploads_file(run_dir, round_), {"round": round_, **kept})
 
-    def _sample(self, round_: int, client: int, payloads: list[Payload]) -> list[dict]:
+    def _sample(self, round_: int, client: int, payloads: list[Payload], direction: str) -> list[dict]:
         """The client's payloads of the round, each per-sample kind cut to `rows` rows drawn over all its payloads
         of that kind (the per-step exchange sends one per batch)."""
         totals: dict[str, int] = defaultdict(int)
         for p in payloads:
             totals[p.kind] += _rows(p) or 0
-        draws = {kind: set(rng(self.seed, "audit", round_, client, i).choice(n, size=min(self.rows, n),
-                                                                              replace=False).tolist())
+        stream = 0 if direction == UP else 1
+        draws = {kind: set(rng(self.seed, "audit", round_, client, stream, i).choice(
+                     n, size=min(self.rows, n), replace=False).tolist())
                  for i, (kind, n) in enumerate(sorted(totals.items())) if n}
         offsets: dict[str, int] = defaultdict(int)
         out = []
@@ -112,7 +119,7 @@ FIX = ("run the run's training stage again with audit.capture: true (`dvc repro 
 
 
 def load_uploads(run_dir: Path, round_: int) -> dict:
-    """{"round", "uploads": {client: [{"kind", "arrays"}]}} of a captured round."""
+    """{"round", "uploads": {client: [{"kind", "arrays"}]}, "downloads": {...}} of a captured round."""
     return checkpoint.read(uploads_file(run_dir, round_), FIX)
 
 
