@@ -144,6 +144,22 @@ def test_an_async_training_stage_reads_only_its_params(workspace, monkeypatch, m
     assert not missing, f"async train@{method} reads params dvc.yaml does not list in its params: {missing}"
 
 
+@pytest.mark.parametrize("method", ["fedcache", "fedavg"])
+def test_the_audit_stage_reads_only_its_params(workspace, monkeypatch, mnist, method):
+    _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": [method], "threads": 1},
+                                 method: registry.params_class(method).tiny_setting,
+                                 "audit": {"public": 200, "inverter_epochs": 1, "members": 4, "shadow_models": 2,
+                                           "shadow_epochs": 1}})
+    for stage in ("partition", "encode", "index"):
+        if not (workspace / "data/cache").exists():
+            _run_stage(monkeypatch, f"flows.{stage}")
+    _run_stage(monkeypatch, "flows.train", method, methods=(method,))
+    reads = _run_stage(monkeypatch, "flows.audit", method, methods=(method,))
+    assert "audit.members" in reads and "seed" in reads
+    missing = _missing(reads, "audit", method)
+    assert not missing, f"audit@{method} reads params dvc.yaml does not list in its params: {missing}"
+
+
 def test_the_report_reads_only_its_params(workspace, monkeypatch, mnist):
     _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": ["local"], "threads": 1}})
     for stage in ("partition", "encode", "index"):

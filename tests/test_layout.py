@@ -36,6 +36,8 @@ ALLOWED = {
     "train": {"base", "data", "index", "federation", "results", "train", "models"},
     "experiments": {"base", "results", "experiments"},
     "models": {"models"},
+    # the privacy audit of a finished run: reads what training kept (train.capture) and builds the method's models
+    "audit": {"base", "data", "index", "federation", "methods", "models", "results", "train", "audit"},
 }
 
 

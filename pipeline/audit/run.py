@@ -1,0 +1,201 @@
+"""The audit of one finished run: each attack that applies to its method, on what its training kept
+(pipeline/train/capture.py), scored over the audited clients with 95% intervals (docs/privacy.md).
+
+The attacker's public data: training-set samples no client trains on and no split uses (the unused training
+samples of a scaled-down partition; a full-data partition leaves none, and the attacks that need them say so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import paths
+from pipeline.audit import label_mix, membership, reconstruction
+from pipeline.audit.image_scores import psnr_ssim
+from pipeline.config import Params
+from pipeline.data.datasets import ImageDataset
+from pipeline.data.partition import Partition
+from pipeline.federation.clients import build_clients, model_name
+from pipeline.federation.ledger import SETUP_ROUND, Payload
+from pipeline.index.encoder import build_encoder, encode
+from pipeline.methods.registry import method_class
+from pipeline.results.intervals import bootstrap_percentile
+from pipeline.seeds import rng
+from pipeline.train import capture
+
+AUDIT = paths.RESULTS / "audit"
+CODE_METHODS = ("fedcache",)  # the server holds every sample's code: the code-inversion attack applies
+
+
+def audit_file(algorithm: str, hetero: bool = False) -> Path:
+    return AUDIT / paths.run_name(algorithm, hetero) / "audit.json"
+
+
+def public_index(part: Partition, dataset_size: int, limit: int, seed: int) -> np.ndarray:
+    """Up to `limit` training-set indices no client trains on and no split uses, seeded."""
+    used = np.concatenate([part.train_index, part.val_index])
+    unused = np.setdiff1d(np.arange(dataset_size), used)
+    return np.sort(rng(seed, "audit-public").permutation(unused)[:limit])
+
+
+def _interval(values: np.ndarray) -> dict:
+    """mean with its 95% bootstrap interval over clients (values: one per client)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return {"mean": float(values.mean()) if len(values) else None, "low": None, "high": None, "n": len(values)}
+    low, high = bootstrap_percentile(len(values), lambda idx: values[idx].mean(axis=1))
+    return {"mean": float(values.mean()), "low": float(low), "high": float(high), "n": len(values)}
+
+
+def _payloads(records: list[dict]) -> list[Payload]:
+    return [Payload(r["kind"], {n: torch.as_tensor(a) for n, a in r["arrays"].items()}) for r in records]
+
+
+# -- reconstruction -------------------------------------------------------------------------------------------------
+
+
+def _code_inversion(params: Params, part: Partition, ds: ImageDataset, setup: dict, public: np.ndarray) -> dict:
+    """The curious FedCache server inverts the codes it holds: an inverter trained on public images and their codes
+    (the encoder is fixed and known), applied to the audited clients' codes; PSNR / SSIM against their images,
+    beside the attacker who ignores the codes (the mean public image)."""
+    if len(public) < 100:
+        return {"applies": False, "why": f"only {len(public)} public samples (a full-data partition leaves none)"}
+    a = params.audit
+    encoder = build_encoder(params.encode, ds.train_x.shape[1:], params.seed)
+    public_codes = encode(encoder, ds.train_x[public], params.encode.batch_size, params.encode.dtype)
+    inverter = reconstruction.train_inverter(public_codes, ds.train_x[public], epochs=a.inverter_epochs,
+                                             seed=params.seed, encoder_name=params.encode.encoder)
+    per_client: dict[str, list[float]] = {"psnr": [], "ssim": [], "baseline_psnr": [], "baseline_ssim": []}
+    for k, records in sorted(setup.items()):
+        [hashes] = [r for r in records if r["kind"] == "hashes"]
+        images = ds.train_x[part.train_index[hashes["arrays"]["sample_ids"]]]
+        psnr, ssim = psnr_ssim(images, reconstruction.invert(inverter, hashes["arrays"]["codes"]))
+        base_psnr, base_ssim = psnr_ssim(images, reconstruction.mean_image_baseline(ds.train_x[public], len(images)))
+        for name, v in (("psnr", psnr), ("ssim", ssim), ("baseline_psnr", base_psnr), ("baseline_ssim", base_ssim)):
+            per_client[name].append(float(v.mean()))
+    return {"applies": True, "attack": "code inversion (learned inverter on public codes)",
+            "encoder": params.encode.encoder, "public_samples": int(len(public)),
+            **{name: _interval(np.array(v)) for name, v in per_client.items()}}
+
+
+def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
+                    public: np.ndarray) -> dict:
+    if method in CODE_METHODS:
+        setup = capture.load_uploads(run_dir, SETUP_ROUND)["uploads"]
+        return _code_inversion(params, part, ds, setup, public)
+    return {"applies": False, "why": "not audited yet for this method's uploads (issue 40: gradient inversion and "
+                                     "feature inversion come next)"}
+
+
+# -- membership -----------------------------------------------------------------------------------------------------
+
+
+def _membership(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path, hetero: bool,
+                public: np.ndarray) -> dict:
+    """A third party holding a client's final model: loss threshold (Yeom et al.) and offline LiRA (shadows trained
+    on public data by the clients' own optimiser settings) on its members against same-mix non-members."""
+    a, t = params.audit, params.train
+    models = final_models(params, method, part, ds, run_dir, hetero)
+    candidates = {k: membership.membership_candidates(ds, part, k, public, params.seed, max_members=a.members)
+                  for k in models}
+    # the shadows' data: public samples no client's candidates use (offline LiRA: every candidate is OUT)
+    taken = [c.public_used for c in candidates.values()]
+    pool = np.setdiff1d(public, np.concatenate(taken)) if taken else public
+    shadows: dict[str, list] = {}  # one set of shadows an architecture
+    scores = []
+    for k, model in models.items():
+        name = model_name(params, k, hetero)
+        if a.shadow_models and name not in shadows:
+            shadows[name] = membership.train_shadow_models(
+                lambda: _fresh(model), ds.train_x[pool], ds.train_y[pool], a.shadow_models, a.shadow_epochs, t.lr,
+                t.batch_size, params.seed, t.momentum, t.weight_decay)
+        if len(candidates[k].member_y):
+            scores.append(membership.score_client(model, candidates[k], shadows.get(name)))
+    out: dict = {"applies": bool(scores), "members_per_client": a.members}
+    for attack in ("loss", "lira"):
+        rows = [s[attack] for s in scores if attack in s]
+        if rows:
+            out[attack] = membership.over_clients(rows)
+    if "lira" in out:
+        out["lira"].update(shadow_models=a.shadow_models, shadow_epochs=a.shadow_epochs, shadow_samples=len(pool) // 2)
+    return out
+
+
+def final_models(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
+                 hetero: bool) -> dict[int, torch.nn.Module]:
+    """The audited clients' final models, built as training built them (the method shapes its model: FedAlt's
+    multi-exit network, FedProto's adapter) and loaded with the weights the run kept."""
+    states = capture.load_models(run_dir)
+    local = method_class(method).client_cls(params, ds.num_classes)
+    clients = build_clients(params, part, ds, torch.device("cpu"), hetero)
+    out = {}
+    for k, state in sorted(states.items()):
+        local.prepare(clients[k])
+        clients[k].model.load_state_dict(state)
+        out[k] = clients[k].model.eval()
+    return out
+
+
+def _fresh(model: torch.nn.Module) -> torch.nn.Module:
+    """A shadow: the target's architecture with freshly initialised weights."""
+    import copy
+
+    shadow = copy.deepcopy(model)
+    for module in shadow.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    return shadow.train()
+
+
+# -- label mix ------------------------------------------------------------------------------------------------------
+
+
+def _label_mix(params: Params, method: str, part: Partition, run_dir: Path) -> dict:
+    """What the server estimates of each audited client's class mix from its uploads (the set-up and round 1; a
+    model upload read against the model the server sent it that round)."""
+    setup, first = (capture.load_uploads(run_dir, r) for r in (SETUP_ROUND, 1))
+    section = getattr(params, method, None)
+    estimates, truths = {}, {}
+    for k in sorted(first["uploads"]):
+        uploads = _payloads(setup["uploads"].get(k, [])) + _payloads(first["uploads"][k])
+        context = {"encode_up": getattr(section, "encode_up", "float32")}
+        sent = [p for p in _payloads(first["downloads"].get(k, [])) if p.kind in ("params", "global")]
+        if sent:
+            context["base"] = dict(sent[-1].arrays)
+        estimates[k] = label_mix.estimate_mix(method, uploads, part.num_classes, context)
+        lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
+        truths[k] = label_mix.mix_of_labels(part.train_labels[lo:hi], part.num_classes)
+    return label_mix.over_clients(estimates, truths)
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+
+
+def audit_run(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
+              hetero: bool = False) -> dict:
+    """Every attack that applies to the run's method; a short `summary` line for the log."""
+    a = params.audit
+    public = public_index(part, len(ds.train_y), a.public, params.seed)
+    result = {"run": run_dir.name, "method": method, "public_samples": int(len(public)),
+              "reconstruction": _reconstruction(params, method, part, ds, run_dir, public),
+              "membership": _membership(params, method, part, ds, run_dir, hetero, public),
+              "label_mix": _label_mix(params, method, part, run_dir)}
+    result["summary"] = summary_line(result)
+    return result
+
+
+def summary_line(result: dict) -> str:
+    parts = []
+    rec = result["reconstruction"]
+    if rec.get("applies"):
+        parts.append(f"reconstruction PSNR {rec['psnr']['mean']:.1f} dB (mean image {rec['baseline_psnr']['mean']:.1f})")
+    loss = result["membership"].get("loss", {})
+    if loss.get("auc") is not None:
+        parts.append(f"MIA AUC {loss['auc']:.2f} (loss), {result['membership'].get('lira', {}).get('auc', float('nan')):.2f} (LiRA)")
+    mix = result["label_mix"]
+    if mix.get("tv") is not None:
+        parts.append(f"label-mix TV {mix['tv']:.2f} (uniform guess {mix['uniform_tv']:.2f})")
+    return "; ".join(parts) or "nothing to attack"

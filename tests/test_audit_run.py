@@ -1,0 +1,56 @@
+"""The audit of a finished run (pipeline/audit/run.py) on the tiny setting: each attack that applies to the method
+runs on what training kept, and says so where it does not apply."""
+
+from __future__ import annotations
+
+import pytest
+
+from boundary import trainer_for
+from conftest import tiny, with_section
+from pipeline import paths
+from pipeline.audit.run import audit_run, public_index
+
+SMALL = {"public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    return small_mnist
+
+
+def _audited(tiny_workspace, mnist, method: str) -> dict:
+    _, params, part = tiny_workspace
+    params = with_section(tiny(params, method), "audit", **SMALL)
+    trainer_for(params, part, mnist, method, method).run()
+    return audit_run(params, method, part, mnist, paths.RUNS / method)
+
+
+def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspace, mnist):
+    result = _audited(tiny_workspace, mnist, "fedcache")
+    assert result["label_mix"]["tv"] == 0.0 and result["label_mix"]["hows"] == ["sent by design"]
+    rec = result["reconstruction"]
+    assert rec["applies"] and rec["encoder"] == "simhash" and rec["psnr"]["n"] == 3
+    assert 0 < rec["psnr"]["mean"] < 60 and 0 < rec["baseline_psnr"]["mean"] < 60
+    for attack in ("loss", "lira"):
+        scores = result["membership"][attack]
+        assert scores["n_clients"] == 3 and 0 <= scores["auc"] <= 1
+        assert scores["auc_low"] <= scores["auc"] <= scores["auc_high"]
+    assert result["summary"].startswith("reconstruction PSNR")
+
+
+def test_fedavg_is_read_from_its_classifier_update_and_local_sends_nothing(tiny_workspace, mnist):
+    fedavg = _audited(tiny_workspace, mnist, "fedavg")
+    assert fedavg["label_mix"]["hows"] == ["from the classifier update"] and fedavg["label_mix"]["n_clients"] == 3
+    assert not fedavg["reconstruction"]["applies"]
+    local = _audited(tiny_workspace, mnist, "local")
+    assert local["label_mix"]["tv"] is None and local["label_mix"]["hows"] == ["nothing uploaded"]
+    assert local["membership"]["loss"]["n_clients"] == 3  # a final model exists whatever the method sent
+
+
+def test_the_public_samples_are_used_by_no_client_and_no_split(tiny_workspace, mnist):
+    _, params, part = tiny_workspace
+    public = public_index(part, len(mnist.train_y), 10_000, params.seed)
+    assert len(public) == len(mnist.train_y) - len(part.train_index) - len(part.val_index)
+    assert not set(public.tolist()) & (set(part.train_index.tolist()) | set(part.val_index.tolist()))
+    assert (public_index(part, len(mnist.train_y), 50, params.seed) ==
+            public_index(part, len(mnist.train_y), 50, params.seed)).all()
