@@ -30,7 +30,11 @@ def audit_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
     params = load_params(params_file, methods=(algorithm,))
     part = Partition.load(paths.PARTITION)
     ds = load_dataset(params.data.dataset, params.data.root, params.data.download)
-    result = audit_run(params, algorithm, part, ds, paths.run_dir(algorithm, hetero))
+    if params.audit.capture:
+        result = audit_run(params, algorithm, part, ds, paths.run_dir(algorithm, hetero), hetero)
+    else:  # nothing kept to attack: say so (the report leaves the run out of its privacy table)
+        result = {"run": paths.run_name(algorithm, hetero), "method": algorithm, "captured": False,
+                  "summary": "not audited: audit.capture is false, so training kept nothing to attack"}
     result["seconds"] = round(time.perf_counter() - start, 2)
     out = audit_file(algorithm, hetero)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from pipeline.results.compare import budget_rows, comparison, differences
 from pipeline.config import Params, load_params
 from pipeline.results.report import (format_budget, format_differences, format_paper_table, format_table, plot_accuracy_vs_bytes,
                                      plot_accuracy_vs_sim_time, verdict_line, write_outputs)
+from pipeline.results.privacy import format_privacy, privacy_row, read_audits
 from pipeline.results.store import ResultsDB, rebuild_index
 
 
@@ -40,7 +41,11 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows),
                             differences=diffs)
     print(rebuilt.message)
-    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs, budget_rows(runs, target))
+    # the privacy audit of each homogeneous run that has one (audit@<method>)
+    audits = read_audits([paths.run_name(a) for a in params.train.algorithms])
+    privacy = [privacy_row(name, audit) for name, audit in audits.items()]
+    write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs, budget_rows(runs, target),
+                  privacy)
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     timed_plot = paths.REPORT_DIR / "accuracy_vs_sim_time.png"
     timed_plot.unlink(missing_ok=True)  # an earlier report's, when these runs have no simulated time
@@ -51,6 +56,9 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     budget = budget_rows(runs, target)  # timed runs (devices.enabled): one grid of simulated instants
     if budget:
         print(f"\n{format_budget(budget)}")
+    if privacy:
+        print(f"\nWhat a curious server and a model holder learn (results/audit/, docs/privacy.md):\n"
+              f"{format_privacy(privacy)}")
     beside = format_paper_table(rows, params.data.dataset)
     if beside:
         print(f"\nThe FedCache paper (K = 300, all training samples), same dataset, method and setting:\n{beside}")

@@ -3,12 +3,18 @@ runs on what training kept, and says so where it does not apply."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from boundary import trainer_for
 from conftest import tiny, with_section
 from pipeline import paths
 from pipeline.audit.run import audit_run, public_index
+from pipeline.results.compare import comparison
+from pipeline.results.privacy import format_privacy, privacy_row
+from pipeline.results.report import write_outputs
+from pipeline.results.store import ResultsDB
 
 SMALL = {"public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1}
 
@@ -21,8 +27,9 @@ def mnist(small_mnist):
 def _audited(tiny_workspace, mnist, method: str) -> dict:
     _, params, part = tiny_workspace
     params = with_section(tiny(params, method), "audit", **SMALL)
-    trainer_for(params, part, mnist, method, method).run()
-    return audit_run(params, method, part, mnist, paths.RUNS / method)
+    trainer = trainer_for(params, part, mnist, method, method)
+    trainer.run()
+    return {**audit_run(params, method, part, mnist, paths.RUNS / method), "run_id": trainer.run_id}
 
 
 def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspace, mnist):
@@ -36,6 +43,15 @@ def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspac
         assert scores["n_clients"] == 3 and 0 <= scores["auc"] <= 1
         assert scores["auc_low"] <= scores["auc"] <= scores["auc_high"]
     assert result["summary"].startswith("reconstruction PSNR")
+    row = privacy_row("fedcache", result)  # the report's row: every figure with its interval
+    assert row["psnr"]["low"] <= row["psnr"]["mean"] <= row["psnr"]["high"] and row["label_tv"]["mean"] == 0.0
+    table = format_privacy([row])
+    assert table.count("\n") == 2 and f"{row['mia_auc']['mean']:.2f} [" in table and "sent by design" in table
+    # the report: beside the run's accuracy and bytes, in comparison.md and metrics.json
+    runs = ResultsDB(paths.RUNS / "fedcache" / "run.duckdb").series([result["run_id"]])
+    write_outputs(comparison(runs, target=0.5), paths.METRICS, paths.REPORT_DIR, privacy=[row])
+    assert table in (paths.REPORT_DIR / "comparison.md").read_text()
+    assert json.loads(paths.METRICS.read_text())["fedcache"]["privacy"]["label_tv"]["mean"] == 0.0
 
 
 def test_fedavg_is_read_from_its_classifier_update_and_local_sends_nothing(tiny_workspace, mnist):

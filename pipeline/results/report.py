@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline.results.compare import RunSeries, difference_interval  # noqa: E402
 from pipeline.results.intervals import Interval, covers, percent  # noqa: E402
+from pipeline.results.privacy import format_privacy  # noqa: E402
 from pipeline.results.store import DIFFERENCE_COLUMNS  # noqa: E402
 
 COLUMNS = ("algorithm", "label", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
@@ -214,12 +215,19 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
     return "\n".join(head + lines)
 
 
+# metrics.json's privacy figures of an audited run (each {"mean", "low", "high"}; `dvc metrics show` lists them)
+PRIVACY_METRICS = ("psnr", "ssim", "baseline_psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
 def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None,
-                  diffs: list[dict] | None = None, budget: list[dict] | None = None) -> None:
+                  diffs: list[dict] | None = None, budget: list[dict] | None = None,
+                  privacy: list[dict] | None = None) -> None:
+    """metrics.json and report_dir's comparison.md / .csv, differences.csv; `privacy`: the audited runs' rows
+    (pipeline/results/privacy.py), in metrics.json under each run's "privacy" and as a table in comparison.md."""
     report_dir.mkdir(parents=True, exist_ok=True)
     diffs = diffs or []
     metrics = {}
@@ -233,6 +241,9 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
                 metrics[_name(r)][f"vs_{d['vs']}"] = {"maua_diff": round(d["maua_diff"], 4),
                                                       "low": round(d["maua_low"], 4), "high": round(d["maua_high"], 4),
                                                       "verdict": d["maua_verdict"]}
+    for p in privacy or []:
+        if p["run"] in metrics:
+            metrics[p["run"]]["privacy"] = {k: p[k] for k in PRIVACY_METRICS if p.get(k) is not None}
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(metrics, indent=1) + "\n")
     text = format_table(rows) + "\n"
@@ -240,6 +251,9 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
         text += f"\n{verdict_line(diffs)}\n\n{format_differences(diffs)}\n"
     if budget:
         text += f"\n{format_budget(budget)}\n"
+    if privacy:
+        text += f"\nWhat a curious server and a model holder learn (95% intervals over the audited clients; " \
+                f"docs/privacy.md):\n\n{format_privacy(privacy)}\n"
     beside = format_paper_table(rows, dataset) if dataset else ""
     if beside:
         text += f"\nThe FedCache paper's figures for the same dataset, method and setting (paper/fedcache_tables.csv; " \

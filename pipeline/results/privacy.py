@@ -1,0 +1,74 @@
+"""The privacy table of the report: each audited run's figures (results/audit/<name>/audit.json, flows/audit.py),
+one row a run, each figure with its 95% interval over the audited clients (docs/privacy.md says what they mean)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+AUDIT = Path("results/audit")
+
+COLUMNS = ("run", "psnr", "ssim", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
+
+
+def audit_path(run_name: str) -> Path:
+    return AUDIT / run_name / "audit.json"
+
+
+def read_audits(run_names: list[str]) -> dict[str, dict]:
+    """run name -> its audit, for the runs that have one (an unaudited run: audit.capture off, or no audit stage)."""
+    out = {}
+    for name in run_names:
+        path = audit_path(name)
+        if path.is_file():
+            audit = json.loads(path.read_text())
+            if audit.get("captured", True):
+                out[name] = audit
+    return out
+
+
+def _iv(mean, low=None, high=None) -> dict | None:
+    if mean is None:
+        return None
+    return {"mean": round(mean, 4), "low": None if low is None else round(low, 4),
+            "high": None if high is None else round(high, 4)}
+
+
+def privacy_row(name: str, audit: dict) -> dict:
+    """One run's figures: reconstruction PSNR / SSIM (and the mean-image baseline), MIA AUC and TPR at 1% FPR (loss
+    threshold; LiRA's AUC), label-mix TV (and the uniform guess); None where the attack does not apply."""
+    rec, mia, mix = audit.get("reconstruction", {}), audit.get("membership", {}), audit.get("label_mix", {})
+    row = {"run": name, "method": audit.get("method")}
+    for key in ("psnr", "ssim", "baseline_psnr"):
+        v = rec.get(key) if rec.get("applies") else None
+        row[key] = None if v is None else _iv(v["mean"], v["low"], v["high"])
+    loss, lira = mia.get("loss") or {}, mia.get("lira") or {}
+    row["mia_auc"] = _iv(loss.get("auc"), loss.get("auc_low"), loss.get("auc_high"))
+    row["mia_tpr"] = _iv(loss.get("tpr_at_1pct_fpr"), loss.get("tpr_at_1pct_fpr_low"), loss.get("tpr_at_1pct_fpr_high"))
+    row["lira_auc"] = _iv(lira.get("auc"), lira.get("auc_low"), lira.get("auc_high"))
+    row["label_tv"] = _iv(mix.get("tv"), mix.get("tv_low"), mix.get("tv_high"))
+    row["uniform_tv"] = _iv(mix.get("uniform_tv"), mix.get("uniform_tv_low"), mix.get("uniform_tv_high"))
+    row["label_how"] = ", ".join(mix.get("hows", []))
+    return row
+
+
+def _cell(v: dict | None, digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    if v["low"] is None:
+        return f"{v['mean']:.{digits}f}"
+    return f"{v['mean']:.{digits}f} [{v['low']:.{digits}f}, {v['high']:.{digits}f}]"
+
+
+def format_privacy(rows: list[dict]) -> str:
+    """The privacy table (markdown): what a curious server and a model holder learn, beside accuracy and bytes."""
+    head = ("| run | reconstruction PSNR dB (mean image) | SSIM | MIA AUC (loss) | TPR @ 1% FPR | MIA AUC (LiRA) "
+            "| label-mix TV (uniform guess) | labels from |\n|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        base = r.get("baseline_psnr")
+        psnr = _cell(r["psnr"], 1) + (f" ({base['mean']:.1f})" if base else "")
+        tv = _cell(r["label_tv"]) + (f" ({r['uniform_tv']['mean']:.2f})" if r["uniform_tv"] else "")
+        lines.append(f"| {r['run']} | {psnr} | {_cell(r['ssim'])} | {_cell(r['mia_auc'])} | {_cell(r['mia_tpr'])} "
+                     f"| {_cell(r['lira_auc'])} | {tv} | {r['label_how'] or 'n/a'} |")
+    return "\n".join(lines)
