@@ -31,25 +31,35 @@ What each method's client sends up, and what that reveals about its class mix (p
   pfedme    "params": its local copy w of the global model, pulled toward its personal model, and "num_samples"
             -> the head's update, as FedAvg (weaker: w moves eta * lambda of the way a batch).
   fedalt    "block1".."block3": its whole multi-exit model, every exit's classifier included, and "num_samples"
-            -> the update of every exit's classifier, summed.
+            -> the update of every exit's classifier, averaged.
   local     nothing -> nothing to estimate (mix None).
   pdfl      nothing to any server (there is none: clients relay to their neighbours) -> mix None for a server;
             a curious NEIGHBOUR receives "knowledge" (per-class soft predictions P and class COUNTS n: the exact
             mix) and "model" (the whole state); given those payloads, the estimate is that exact mix.
 
-The parameter-averaging estimator (normalised negative classifier gradient): s_c = the change of class c's bias,
-summed over the model's classifier layers (every Linear whose weight is [C, D] with a [C] bias; the weight row's
-sum where a layer has no bias), i.e. minus the learning rate times the summed bias gradient; the estimate is
-max(s, 0) normalised to sum 1 (uniform when no class rose). Its assumption: a class's bias rises during local
-training if and only if the client holds that class, in proportion to how many samples it holds. That holds while
-the model under-predicts the client's classes (early rounds, strongly non-IID clients: the mixes LLG targets); it
-fails when the model already fits them (late rounds: small, noisy gradients), and it over-concentrates on near-IID
-clients, where guessing a uniform mix may score better: `over_clients` reports that uniform baseline beside it.
+The parameter-averaging estimator (LLG's, with a known step size): s_c = the change of class c's bias, averaged over
+the model's classifier layers (every Linear whose weight is [C, D] with a [C] bias; the weight row's sum where a
+layer has no bias). Over a local update, s_c ~= lambda * (pi_c - qbar_c): pi_c the client's share of class c,
+qbar_c the model's mean predicted probability of c on the client's samples while it trained, and lambda how far a
+unit of mean bias gradient moves the bias over the update (the "impact"), which the server knows from the
+protocol: the learning rate, momentum and batch size in the run's params and the sample count the upload carries
+(`update_scale`). Assuming the model predicts every class alike (qbar_c = 1/C), the estimate is
+max(1/C + s / lambda, 0) normalised. Without the params (context gives neither "params" nor "scale") it falls back to
+max(s, 0) normalised: the classes whose bias rose, weighted by how much (uncalibrated; says so in its note).
+Its assumptions, and where they fail: the uniform prediction prior (an untrained or balanced global model; a model
+that already fits the client's classes, late in training, gives small noisy changes); a constant mean gradient over
+the local steps for lambda (the gradient shrinks as the model learns, so lambda is overestimated and the estimate
+drawn toward uniform); for pFedMe, lambda is that of its w (eta * lambda of the way to theta a batch), simulated;
+for FedAlt, momentum carried over from earlier rounds is ignored. Tiny setting, round 1: the calibrated estimate
+beats the uniform guess on 2-class, Dirichlet 0.1 and Dirichlet 1.0 clients; the uncalibrated one only on the first
+two (it over-concentrates on near-IID clients). `over_clients` reports the uniform guess beside every estimate.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -57,6 +67,7 @@ import torch
 from pipeline.encoding_spec import FLOAT32, Spec
 from pipeline.encoding_spec import parse as parse_encoding
 from pipeline.federation.averaging import decode_state
+from pipeline.federation.contract import SAMPLE_COUNT
 from pipeline.federation.encoding import decode
 from pipeline.federation.ledger import Payload
 from pipeline.results.intervals import bootstrap_percentile
@@ -189,20 +200,21 @@ def classifier_layers(state: dict[str, torch.Tensor], num_classes: int) -> list[
 
 def _changes(arrays: dict[str, torch.Tensor], base: dict[str, torch.Tensor], names: list[str], spec: Spec
              ) -> dict[str, torch.Tensor]:
-    """The client's change to these tensors: its uploaded state less the base, or its encoded change decoded."""
-    if all(n in arrays for n in names):  # sent as they are: the trained values
-        return {n: torch.as_tensor(arrays[n]).double() - base[n].double() for n in names}
-    if spec.lossless:
-        missing = [n for n in names if n not in arrays]
-        raise ValueError(f"the upload lacks {missing[:3]} and context gives no lossy encode_up to decode it by")
-    change = decode_state(spec, arrays, {n: base[n] for n in names})  # no base: the change itself
-    return {n: t.double() for n, t in change.items()}
+    """The client's change to these tensors: in float32 it uploads its trained state (less the base); with a lossy
+    encoding its change itself, encoded (pipeline/federation/averaging.py), decoded here as the server does."""
+    if not spec.lossless:
+        change = decode_state(spec, arrays, {n: base[n] for n in names})  # no base given: the change itself
+        return {n: t.double() for n, t in change.items()}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise ValueError(f"the upload lacks {missing[:3]}: an encoded upload? pass the method's encode_up in context")
+    return {n: torch.as_tensor(arrays[n]).double() - base[n].double() for n in names}
 
 
 def classifier_scores(arrays: dict[str, torch.Tensor], base: dict[str, torch.Tensor], num_classes: int,
                       spec: Spec = FLOAT32) -> np.ndarray:
-    """s [C]: the rise of each class's classifier bias (summed over the classifier layers; a weight row's sum where
-    a layer has no bias), i.e. minus the learning rate times the summed gradient (LLG's signal)."""
+    """s [C]: the rise of each class's classifier bias, averaged over the classifier layers (a weight row's sum where
+    a layer has no bias), i.e. minus the summed bias gradient times the step size (LLG's signal)."""
     layers = [(w, b) for w, b in classifier_layers(base, num_classes) if (b or w) in arrays
               or any(k.startswith((b or w) + ".") for k in arrays)]
     if not layers:
@@ -212,11 +224,53 @@ def classifier_scores(arrays: dict[str, torch.Tensor], base: dict[str, torch.Ten
     score = np.zeros(num_classes)
     for (w, b), name in zip(layers, names):
         delta = change[name]
+        if b is not None and spec.kind == "topk":
+            delta = _impute_dropped(delta)
         score += _numpy(delta if b is not None else delta.sum(dim=1))
-    return score
+    return score / len(layers)
 
 
-def _averaging(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
+def _impute_dropped(bias_change: torch.Tensor) -> torch.Tensor:
+    """A top-k encoded bias change decodes the entries it dropped to 0; the server knows they were the smaller ones,
+    and that a softmax cross-entropy bias gradient sums to 0 over the classes: it spreads minus the kept entries'
+    sum evenly over the dropped ones (else every dropped class would read as 'no change', i.e. a share of 1/C)."""
+    dropped = bias_change == 0
+    if not dropped.any() or dropped.all():
+        return bias_change
+    filled = bias_change.clone()
+    filled[dropped] = -bias_change[~dropped].sum() / dropped.sum()
+    return filled
+
+
+def sgd_scale(lr: float, momentum: float, steps: int) -> float:
+    """How far `steps` SGD steps (heavy-ball momentum, from rest) move a parameter whose gradient is 1 throughout:
+    step j adds lr * (1 - momentum^j) / (1 - momentum)."""
+    return lr * sum((1 - momentum ** j) / (1 - momentum) if momentum else 1.0 for j in range(1, steps + 1))
+
+
+def pfedme_scale(personal_lr: float, prox: float, eta: float, inner_steps: int, batches: int) -> float:
+    """How far pFedMe's uploaded w moves under a gradient of 1 throughout: per batch, theta takes `inner_steps`
+    steps on (1 + prox * (theta - w)), then w <- w - eta * prox * (w - theta) (its L2 term ignored)."""
+    theta = w = 0.0
+    for _ in range(batches):
+        for _ in range(inner_steps):
+            theta -= personal_lr * (1.0 + prox * (theta - w))
+        w -= eta * prox * (w - theta)
+    return -w
+
+
+def update_scale(method: str, params, num_samples: int) -> float:
+    """lambda: how far a client's local update moves a classifier bias per unit of mean gradient, from the run's
+    params (pipeline.config.Params: what the server knows of the protocol) and the client's uploaded sample count."""
+    t = params.train
+    batches = math.ceil(num_samples / t.batch_size) * t.local_epochs
+    if method == "pfedme":
+        p = params.pfedme
+        return pfedme_scale(p.personal_lr, p.lambda_, p.eta, p.K, batches)
+    return sgd_scale(t.lr, t.momentum, batches)
+
+
+def _averaging(method: str, uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
     """LLG's normalised negative classifier gradient, from the round's model upload (the latest recorded)."""
     models = [p for p in uploads if p.kind == "params" or p.kind.startswith("block")]
     if not models:
@@ -232,9 +286,17 @@ def _averaging(uploads: list[Payload], num_classes: int, context: dict) -> Estim
     for p in round_payloads:  # later payloads (a later round) overwrite earlier ones of the same tensors
         arrays.update(p.arrays)
     score = classifier_scores(arrays, base, num_classes, _spec(context))
-    rose = np.clip(score, 0.0, None)
-    note = "" if rose.sum() > 0 else "no class's bias rose: uniform"
-    return Estimate(_normalised(rose), CLASSIFIER, note)
+    scale = context.get("scale")
+    if scale is None and context.get("params") is not None:
+        count = _latest(uploads, SAMPLE_COUNT)
+        if count is not None:
+            scale = update_scale(method, context["params"], int(_numpy(count.arrays[SAMPLE_COUNT]).ravel()[0]))
+    if scale is None:  # the step size unknown: the classes whose bias rose, by how much
+        rose = np.clip(score, 0.0, None)
+        note = "uncalibrated (no params or scale in context)" + ("" if rose.sum() > 0 else "; no bias rose: uniform")
+        return Estimate(_normalised(rose), CLASSIFIER, note)
+    # s ~= scale * (pi - 1/C): a uniform prediction prior, then the share that implies
+    return Estimate(_normalised(np.clip(1.0 / num_classes + score / scale, 0.0, None)), CLASSIFIER)
 
 
 def _local(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
@@ -242,14 +304,17 @@ def _local(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
 
 
 ESTIMATORS = {"fedcache": _fedcache, "fd": _fd, "fedproto": _fedproto, "local": _local, "pdfl": _pdfl,
-              **{m: _gkt for m in GKT}, **{m: _averaging for m in AVERAGING}}
+              **{m: _gkt for m in GKT}, **{m: partial(_averaging, m) for m in AVERAGING}}
 
 
 def estimate_mix(method: str, uploads: list[Payload], num_classes: int, context: dict | None = None) -> Estimate:
     """The server's estimate of one client's class mix from the payloads it recorded from that client (any
     rounds, in arrival order). `context`: what the server knows besides them: "encode_up" (the method's
     upload encoding, a string or Spec; float32 when absent) and, for the parameter-averaging methods, "base"
-    (the state dict the server sent the client for the round whose upload is last in `uploads`)."""
+    (the state the client started that round from, as the server knows it: the global state it sent; for FedAlt
+    the blocks it sent and, for the others, the client's own from its previous upload) with "params" (the
+    run's Params: the step size is derived from them and the uploaded sample count) or "scale" (that step size,
+    `update_scale`); without either, the uncalibrated estimate."""
     if method not in ESTIMATORS:
         raise ValueError(f"no label-mix estimator for method {method!r}; known: {sorted(ESTIMATORS)}")
     if not uploads:
@@ -301,4 +366,4 @@ def over_clients(estimates, true_mixes) -> dict:
 
 
 __all__ = ["Estimate", "classifier_layers", "classifier_scores", "estimate_mix", "mix_of_labels", "over_clients",
-           "total_variation"]
+           "pfedme_scale", "sgd_scale", "total_variation", "update_scale"]
