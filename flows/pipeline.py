@@ -1,5 +1,5 @@
 """The whole pipeline as one Prefect flow: the stage flows in order, as subflows
-(partition, encode, index, train for each algorithm, report).
+(partition, encode, index, train for each algorithm, its audit, report).
 
 `dvc repro` is the way to run stages incrementally; this flow is what a schedule runs
 (flows/serve.py), re-running every stage from params.yaml.
@@ -12,6 +12,7 @@ import sys
 import flows  # noqa: F401
 from prefect import flow
 
+from flows.audit import audit_flow
 from flows.encode import encode_flow
 from flows.index import index_flow
 from flows.partition import partition_flow
@@ -32,6 +33,8 @@ def pipeline_flow(params_file: str = "params.yaml") -> dict:
         out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
     for algorithm in train.hetero_algorithms:
         out[f"train-hetero@{algorithm}"] = train_flow(algorithm, params_file, hetero=True)
+    for algorithm in train.algorithms:  # dvc.yaml's audit@<algorithm>: after the runs, as `dvc repro` orders it
+        out[f"audit@{algorithm}"] = audit_flow(algorithm, params_file)
     out["report"] = report_flow(params_file)
     return out
 

@@ -319,11 +319,11 @@ class AuditParams(Section):
     clients: int = Field(8, ge=1)
     rows: int = Field(64, ge=1)
     # the attacks' budgets (flows/audit.py reads these)
-    public: int = Field(2000, ge=0)  # public samples the attacker trains on: unused training samples, seeded
+    public: int = Field(1000, ge=0)  # public samples the attacker trains on: unused training samples, seeded
     inverter_epochs: int = Field(30, ge=1)  # code inversion: the inverter's epochs on the public codes
     members: int = Field(64, ge=2)  # membership: members (and as many non-members) a client, seeded
     shadow_models: int = Field(4, ge=0)  # offline LiRA's shadow models an architecture (0: loss threshold only)
-    shadow_epochs: int = Field(10, ge=1)  # each shadow's epochs on its half of the public samples
+    shadow_epochs: int = Field(5, ge=1)  # each shadow's epochs on its half of the public samples
 
     @field_validator("shadow_models")
     @classmethod

@@ -63,6 +63,7 @@ PLAN: list[tuple[str, str, str]] = [
     (r"\.venv/bin/dvc metrics show", "run", ""),
     (r"make run", "run", "dvc repro (nothing left to do) and the summary"),
     (r"\.venv/bin/python -m flows\.train \S+", "run", "a training stage by hand"),
+    (r"\.venv/bin/python -m flows\.audit \S+", "run", "an audit stage by hand (after its training stage)"),
     (r"\.venv/bin/dvc repro -s -f train@\S+", "run", "one training stage again, forced"),
     (r"\.venv/bin/python -m pipeline\.results\.store rebuild", "run", "the results index from the runs' own files"),
     (r"\.venv/bin/python -m pipeline\.capabilities", "run", "prints docs/methods/index.md's support table"),
@@ -107,7 +108,8 @@ ALGORITHMS = TINY_REPO["train"]["algorithms"]
 
 # what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
 SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_per_client=60", "index.R=3",
-          "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]"]
+          "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]", "audit.public=300",
+          "audit.inverter_epochs=3", "audit.shadow_models=2", "audit.shadow_epochs=1"]
 
 
 def shrink_flags(cmd: str) -> list[str]:
@@ -412,7 +414,8 @@ def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> Non
     """What each command must have done, beyond exiting 0."""
     text = "" if out is None else out.stdout + out.stderr
     if cmd == ".venv/bin/dvc repro":
-        for stage in ("partition", "encode", "index", *(f"train@{a}" for a in ALGORITHMS), "report"):
+        for stage in ("partition", "encode", "index", *(f"train@{a}" for a in ALGORITHMS),
+                      *(f"audit@{a}" for a in ALGORITHMS), "report"):
             assert f"Running stage '{stage}'" in text, text
     elif cmd.startswith(".venv/bin/dvc repro -s -f "):
         assert f"Running stage '{cmd.split()[-1]}'" in text, text
@@ -422,6 +425,8 @@ def _check(cmd: str, out: subprocess.CompletedProcess | None, repo: Path) -> Non
         assert "== pipeline summary ==" in text, text
     elif cmd.startswith(".venv/bin/python -m flows.train"):
         assert "MAUA" in text, text
+    elif cmd.startswith(".venv/bin/python -m flows.audit"):
+        assert "MIA AUC" in text and (repo / "results/audit" / cmd.split()[-1] / "audit.json").is_file(), text
     elif cmd.startswith(".venv/bin/dvc exp run"):
         assert "Running stage 'train@fedcache'" in text, text  # train.eval_every changed: it reran
         assert "Running stage 'partition'" not in text, text  # the shrink put the data knobs back
