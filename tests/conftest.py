@@ -78,6 +78,8 @@ TINY_PARAMS = {
     "index": {"R": 3},
     # one thread: a second one only oversubscribes a busy 2-core CI machine at this size
     "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1},
+    # the privacy audit's budgets at the tiny scale (seconds, not the default's minute)
+    "audit": {"public": 300, "inverter_epochs": 3, "members": 16, "shadow_models": 2, "shadow_epochs": 1},
 }
 
 
@@ -263,7 +265,8 @@ def plain_env(home: Path) -> dict[str, str]:
 # core runs the other test worker)
 TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60},
              "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": [],
-                                          "threads": 1}}
+                                          "threads": 1},
+             "audit": TINY_PARAMS["audit"]}
 
 
 class BuiltRepo:
