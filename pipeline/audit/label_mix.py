@@ -17,7 +17,8 @@ sees a client's data, model or optimizer.
 What each method's client sends up, and what that reveals about its class mix (pipeline/methods/<name>/method.py):
   fedcache  set-up "hashes": sample ids, every sample's LABEL and its hash code; rounds "logits": sample ids and
             per-sample logits -> the exact mix, sent by design (the protocol needs the labels: nothing to attack);
-            without the set-up upload, the argmax of the round logits counts the classes (less exact early on).
+            without the set-up upload, the argmax of the round logits counts the classes: only as good as the
+            models (tiny setting after 2 rounds: TV 0.44-0.63, worse than the uniform guess's 0.27-0.32).
   fd        "class_logits": the ids of the classes it holds and their mean logits (no counts) -> which classes are
             present, not how many of each: the estimate is uniform over the held classes.
   feddkc    "features": per-sample stem features, logits and LABELS (FedGKT-style) -> the exact mix, sent by design.
@@ -146,7 +147,8 @@ def _fedcache(uploads: list[Payload], num_classes: int, context: dict) -> Estima
         for sample, label in zip(_numpy(p.arrays["sample_ids"]).tolist(), _numpy(logits.argmax(dim=1)).tolist()):
             predicted[sample] = label
     return Estimate(mix_of_labels(list(predicted.values()), num_classes), PER_SAMPLE,
-                    "argmax of each sample's latest uploaded logits (the set-up upload, with the labels, not recorded)")
+                    "argmax of each sample's latest uploaded logits (the set-up upload, with the labels, not recorded): "
+                    "only as good as the client's model")
 
 
 def _gkt(uploads: list[Payload], num_classes: int, context: dict) -> Estimate:
