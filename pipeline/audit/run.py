@@ -161,7 +161,9 @@ def _label_mix(params: Params, method: str, part: Partition, run_dir: Path) -> d
     estimates, truths = {}, {}
     for k in sorted(first["uploads"]):
         uploads = _payloads(setup["uploads"].get(k, [])) + _payloads(first["uploads"][k])
-        context = {"encode_up": getattr(section, "encode_up", "float32")}
+        # what the server knows besides the uploads: the encoding and the params (the step size a model update
+        # is read with), and, for a model upload, the model it sent the client that round
+        context = {"encode_up": getattr(section, "encode_up", "float32"), "params": params}
         sent = [p for p in _payloads(first["downloads"].get(k, [])) if p.kind in ("params", "global")]
         if sent:
             context["base"] = dict(sent[-1].arrays)
