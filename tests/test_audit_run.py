@@ -54,10 +54,12 @@ def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspac
     assert json.loads(paths.METRICS.read_text())["fedcache"]["privacy"]["label_tv"]["mean"] == 0.0
 
 
-def test_fedavg_is_read_from_its_classifier_update_and_local_sends_nothing(tiny_workspace, mnist):
+def test_fedavg_and_fedalt_are_read_from_their_classifier_updates_and_local_sends_nothing(tiny_workspace, mnist):
     fedavg = _audited(tiny_workspace, mnist, "fedavg")
     assert fedavg["label_mix"]["hows"] == ["from the classifier update"] and fedavg["label_mix"]["n_clients"] == 3
     assert not fedavg["reconstruction"]["applies"]
+    fedalt = _audited(tiny_workspace, mnist, "fedalt")  # read against its blocks over its initial multi-exit model
+    assert fedalt["label_mix"]["hows"] == ["from the classifier update"] and fedalt["label_mix"]["n_clients"] == 3
     local = _audited(tiny_workspace, mnist, "local")
     assert local["label_mix"]["tv"] is None and local["label_mix"]["hows"] == ["nothing uploaded"]
     assert local["membership"]["loss"]["n_clients"] == 3  # a final model exists whatever the method sent

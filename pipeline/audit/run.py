@@ -18,6 +18,8 @@ from pipeline.audit.image_scores import psnr_ssim
 from pipeline.config import Params
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
+from pipeline.encoding_spec import parse as parse_encoding
+from pipeline.federation.averaging import decode_state
 from pipeline.federation.clients import build_clients, model_name
 from pipeline.federation.ledger import SETUP_ROUND, Payload
 from pipeline.index.encoder import build_encoder, encode
@@ -129,14 +131,21 @@ def final_models(params: Params, method: str, part: Partition, ds: ImageDataset,
     """The audited clients' final models, built as training built them (the method shapes its model: FedAlt's
     multi-exit network, FedProto's adapter) and loaded with the weights the run kept."""
     states = capture.load_models(run_dir)
-    local = method_class(method).client_cls(params, ds.num_classes)
-    clients = build_clients(params, part, ds, torch.device("cpu"), hetero)
+    clients = prepared_clients(params, method, part, ds, hetero)
     out = {}
     for k, state in sorted(states.items()):
-        local.prepare(clients[k])
         clients[k].model.load_state_dict(state)
         out[k] = clients[k].model.eval()
     return out
+
+
+def prepared_clients(params: Params, method: str, part: Partition, ds: ImageDataset, hetero: bool) -> dict:
+    """Every client as training built it before round 1 (its initial model, shaped by the method)."""
+    local = method_class(method).client_cls(params, ds.num_classes)
+    clients = build_clients(params, part, ds, torch.device("cpu"), hetero)
+    for c in clients:
+        local.prepare(c)
+    return {c.id: c for c in clients}
 
 
 def _fresh(model: torch.nn.Module) -> torch.nn.Module:
@@ -153,24 +162,42 @@ def _fresh(model: torch.nn.Module) -> torch.nn.Module:
 # -- label mix ------------------------------------------------------------------------------------------------------
 
 
-def _label_mix(params: Params, method: str, part: Partition, run_dir: Path) -> dict:
+def _label_mix(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path, hetero: bool) -> dict:
     """What the server estimates of each audited client's class mix from its uploads (the set-up and round 1; a
-    model upload read against the model the server sent it that round)."""
+    model upload read against the model the client started the round from, which the server knows)."""
     setup, first = (capture.load_uploads(run_dir, r) for r in (SETUP_ROUND, 1))
     section = getattr(params, method, None)
+    down = parse_encoding(getattr(section, "encode_down", "float32"))
+    starts = {k: c.model.state_dict() for k, c in prepared_clients(params, method, part, ds, hetero).items()
+              if k in first["uploads"]}
     estimates, truths = {}, {}
     for k in sorted(first["uploads"]):
         uploads = _payloads(setup["uploads"].get(k, [])) + _payloads(first["uploads"][k])
         # what the server knows besides the uploads: the encoding and the params (the step size a model update
-        # is read with), and, for a model upload, the model it sent the client that round
-        context = {"encode_up": getattr(section, "encode_up", "float32"), "params": params}
-        sent = [p for p in _payloads(first["downloads"].get(k, [])) if p.kind in ("params", "global")]
-        if sent:
-            context["base"] = dict(sent[-1].arrays)
+        # is read with), and, for a model upload, the model the client started round 1 from
+        context = {"encode_up": getattr(section, "encode_up", "float32"), "params": params,
+                   "base": _round_start(starts[k], _payloads(first["downloads"].get(k, [])), down)}
         estimates[k] = label_mix.estimate_mix(method, uploads, part.num_classes, context)
         lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
         truths[k] = label_mix.mix_of_labels(part.train_labels[lo:hi], part.num_classes)
     return label_mix.over_clients(estimates, truths)
+
+
+MODEL_KINDS = ("params", "global")  # a whole shared state; FedAlt sends its blocks as block1, block2, ...
+
+
+def _round_start(initial: dict, downloads: list[Payload], down) -> dict:
+    """The state a client started round 1 from: its initial model (every method builds it from the seed, as the
+    server can) with the tensors the server sent it over it, decoded as the client decodes them."""
+    state = dict(initial)
+    for p in downloads:
+        if p.kind in MODEL_KINDS or p.kind.startswith("block"):
+            if down.lossless:
+                state.update({n: t for n, t in p.arrays.items() if n in state})
+            else:
+                template = {n: t for n, t in initial.items() if any(a == n or a.startswith(n + ".") for a in p.arrays)}
+                state.update(decode_state(down, p.arrays, template))
+    return state
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
@@ -184,7 +211,7 @@ def audit_run(params: Params, method: str, part: Partition, ds: ImageDataset, ru
     result = {"run": run_dir.name, "method": method, "public_samples": int(len(public)),
               "reconstruction": _reconstruction(params, method, part, ds, run_dir, public),
               "membership": _membership(params, method, part, ds, run_dir, hetero, public),
-              "label_mix": _label_mix(params, method, part, run_dir)}
+              "label_mix": _label_mix(params, method, part, ds, run_dir, hetero)}
     result["summary"] = summary_line(result)
     return result
 
