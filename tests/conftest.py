@@ -81,7 +81,8 @@ TINY_PARAMS = {
     # one thread: a second one only oversubscribes a busy 2-core CI machine at this size
     "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1},
     # the privacy audit's budgets at the tiny scale (seconds, not the default's minute)
-    "audit": {"public": 300, "inverter_epochs": 3, "members": 16, "shadow_models": 2, "shadow_epochs": 1},
+    "audit": {"public": 300, "inverter_epochs": 3, "members": 16, "shadow_models": 2, "shadow_epochs": 1,
+              "dlg_clients": 1, "dlg_steps": 5},
 }
 
 

@@ -16,7 +16,8 @@ from pipeline.results.privacy import format_privacy, privacy_row
 from pipeline.results.report import write_outputs
 from pipeline.results.store import ResultsDB
 
-SMALL = {"public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1}
+SMALL = {"public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1, "dlg_clients": 2,
+         "dlg_steps": 5}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,8 @@ def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspac
 def test_fedavg_and_fedalt_are_read_from_their_classifier_updates_and_local_sends_nothing(tiny_workspace, mnist):
     fedavg = _audited(tiny_workspace, mnist, "fedavg")
     assert fedavg["label_mix"]["hows"] == ["from the classifier update"] and fedavg["label_mix"]["n_clients"] == 3
-    assert not fedavg["reconstruction"]["applies"]
+    rec = fedavg["reconstruction"]  # its round-1 update inverted (DLG), each image against its closest training image
+    assert rec["applies"] and rec["clients"] == 2 and rec["psnr"]["n"] == 2 and rec["baseline_psnr"]["mean"] > 0
     fedalt = _audited(tiny_workspace, mnist, "fedalt")  # read against its blocks over its initial multi-exit model
     assert fedalt["label_mix"]["hows"] == ["from the classifier update"] and fedalt["label_mix"]["n_clients"] == 3
     local = _audited(tiny_workspace, mnist, "local")
@@ -72,3 +74,28 @@ def test_the_public_samples_are_used_by_no_client_and_no_split(tiny_workspace, m
     assert not set(public.tolist()) & (set(part.train_index.tolist()) | set(part.val_index.tolist()))
     assert (public_index(part, len(mnist.train_y), 50, params.seed) ==
             public_index(part, len(mnist.train_y), 50, params.seed)).all()
+
+
+def test_the_update_the_server_inverts_is_the_clients_true_gradient(tiny_workspace, mnist):
+    """One local step of plain SGD on the whole client (batch = its samples, no momentum, no weight decay): the
+    round-1 update read as one gradient must be the gradient of the client's loss at the model the server sent.
+    A sign, a wrong starting model or a wrong step count in the wiring fails it."""
+    import torch
+
+    from pipeline.audit.gradient_inversion import model_gradient
+    from pipeline.audit.run import prepared_clients, update_as_gradient
+    from pipeline.encoding_spec import parse
+    from pipeline.train import capture
+
+    _, params, part = tiny_workspace
+    params = with_section(params, "train", batch_size=64, momentum=0.0, weight_decay=0.0, rounds=2)
+    trainer_for(params, part, mnist, "fedavg", "one-step").run()
+    # round 2 (captured as the last): the model sent is the average of round 1, no client's initial model
+    first = capture.load_uploads(paths.RUNS / "one-step", 2)
+    [k, *_] = sorted(first["uploads"])
+    client = prepared_clients(params, "fedavg", part, mnist, False)[k]
+    assert client.num_train <= 64  # one step
+    model, grads = update_as_gradient(params, client, first, parse("float32"))
+    true = model_gradient(model.train(), client.x_train, client.y_train)
+    for (name, _), g in zip(model.named_parameters(), true):
+        torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-5, msg=name)

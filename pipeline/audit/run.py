@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from pipeline import paths
-from pipeline.audit import label_mix, membership, reconstruction
+from pipeline.audit import gradient_inversion, label_mix, membership, reconstruction
 from pipeline.audit.image_scores import psnr_ssim
 from pipeline.config import Params
 from pipeline.data.datasets import ImageDataset
@@ -30,6 +30,7 @@ from pipeline.train import capture
 
 AUDIT = paths.RESULTS / "audit"
 CODE_METHODS = ("fedcache",)  # the server holds every sample's code: the code-inversion attack applies
+GRADIENT_METHODS = ("fedavg",)  # the server holds the client's whole model after its update: gradient inversion
 
 
 def audit_file(algorithm: str, hetero: bool = False) -> Path:
@@ -83,13 +84,69 @@ def _code_inversion(params: Params, part: Partition, ds: ImageDataset, setup: di
             **{name: _interval(np.array(v)) for name, v in per_client.items()}}
 
 
+def _best_match(recovered: np.ndarray, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(PSNR, SSIM) of each recovered image against the client's training image it is closest to (PSNR): DLG's
+    dummies come back in no particular order."""
+    best_psnr, best_ssim = np.full(len(recovered), -np.inf), np.zeros(len(recovered))
+    for i, r in enumerate(recovered):
+        psnr, ssim = psnr_ssim(images, np.repeat(r[None], len(images), axis=0))
+        j = int(np.argmax(psnr))
+        best_psnr[i], best_ssim[i] = psnr[j], ssim[j]
+    return best_psnr, best_ssim
+
+
+def update_as_gradient(params: Params, client, first: dict, down) -> tuple[torch.nn.Module, dict]:
+    """(the model the server sent the client for round 1, the client's round-1 update read as one gradient of it):
+    what the server holds, the weight change over the round's local SGD steps divided by their effective step."""
+    t = params.train
+    model = client.model
+    model.load_state_dict(_round_start(model.state_dict(), _payloads(first["downloads"][client.id]), down))
+    sent = {n: v.detach().clone() for n, v in model.state_dict().items()}
+    [upload] = [p for p in _payloads(first["uploads"][client.id]) if p.kind == "params"]
+    delta = {n: upload.arrays[n] - sent[n] for n, _ in model.named_parameters()}
+    steps = -(-client.num_train // t.batch_size) * t.local_epochs
+    return model, gradient_inversion.delta_as_gradient(delta, t.lr, steps, t.momentum)
+
+
+def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
+                        public: np.ndarray, hetero: bool) -> dict:
+    """The curious FedAvg server inverts a client's round-1 update: its weight change read as one gradient
+    (delta_as_gradient), DLG on a dummy batch of the client's batch size from the model it sent; each recovered
+    image scored against the client's training image it is closest to, beside the mean public image so scored."""
+    a, t = params.audit, params.train
+    section = getattr(params, method)
+    up, down = (parse_encoding(getattr(section, key, "float32")) for key in ("encode_up", "encode_down"))
+    if not up.lossless:
+        return {"applies": False, "why": f"{method}.encode_up = {up}: an encoded update is not inverted yet"}
+    first = capture.load_uploads(run_dir, 1)
+    clients = prepared_clients(params, method, part, ds, hetero)
+    rows: dict[str, list[float]] = {"psnr": [], "ssim": [], "baseline_psnr": [], "baseline_ssim": []}
+    mean_image = ds.train_x[public].astype(np.float64).mean(axis=0)[None] / 255.0
+    for k in sorted(first["uploads"])[: a.dlg_clients]:
+        client = clients[k]
+        model, grads = update_as_gradient(params, client, first, down)
+        batch = min(t.batch_size, client.num_train)
+        found = gradient_inversion.dlg(model.train(), grads, None, (batch, *client.x_train.shape[1:]),
+                                       steps=a.dlg_steps, seed=params.seed, lr=0.1, optimizer="adam")
+        images = ds.train_x[part.client_train(k)]
+        for prefix, recovered in (("", found.images), ("baseline_", mean_image.astype(np.float32))):
+            psnr, ssim = _best_match(recovered, images)
+            rows[prefix + "psnr"].append(float(psnr.mean()))
+            rows[prefix + "ssim"].append(float(ssim.mean()))
+    return {"applies": True, "attack": "gradient inversion (DLG on the round-1 update read as one gradient)",
+            "clients": len(rows["psnr"]), "batch": t.batch_size, "dlg_steps": a.dlg_steps,
+            **{name: _interval(np.array(v)) for name, v in rows.items()}}
+
+
 def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
-                    public: np.ndarray) -> dict:
+                    public: np.ndarray, hetero: bool) -> dict:
     if method in CODE_METHODS:
         setup = capture.load_uploads(run_dir, SETUP_ROUND)["uploads"]
         return _code_inversion(params, part, ds, setup, public)
-    return {"applies": False, "why": "not audited yet for this method's uploads (issue 40: gradient inversion and "
-                                     "feature inversion come next)"}
+    if method in GRADIENT_METHODS:
+        return _gradient_inversion(params, method, part, ds, run_dir, public, hetero)
+    return {"applies": False, "why": "not audited yet for this method's uploads (issue 40: gradient inversion of "
+                                     "MTFL, pFedMe and FedAlt, and feature inversion of FedDKC and FedICT come next)"}
 
 
 # -- membership -----------------------------------------------------------------------------------------------------
@@ -209,7 +266,7 @@ def audit_run(params: Params, method: str, part: Partition, ds: ImageDataset, ru
     a = params.audit
     public = public_index(part, len(ds.train_y), a.public, params.seed)
     result = {"run": run_dir.name, "method": method, "public_samples": int(len(public)),
-              "reconstruction": _reconstruction(params, method, part, ds, run_dir, public),
+              "reconstruction": _reconstruction(params, method, part, ds, run_dir, public, hetero),
               "membership": _membership(params, method, part, ds, run_dir, hetero, public),
               "label_mix": _label_mix(params, method, part, ds, run_dir, hetero)}
     result["summary"] = summary_line(result)
