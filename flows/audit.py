@@ -22,6 +22,7 @@ from pipeline.audit.run import audit_run, audit_file
 from pipeline.config import load_params
 from pipeline.data.datasets import load_dataset
 from pipeline.data.partition import Partition
+from pipeline.results.privacy import figures
 
 
 @flow(name="audit", flow_run_name="audit-{algorithm}")
@@ -35,6 +36,9 @@ def audit_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
     else:  # nothing kept to attack: say so (the report leaves the run out of its privacy table)
         result = {"run": paths.run_name(algorithm, hetero), "method": algorithm, "captured": False,
                   "summary": "not audited: audit.capture is false, so training kept nothing to attack"}
+    summary = paths.run_dir(algorithm, hetero) / "summary.json"  # the run audited, for the results index
+    result["run_id"] = json.loads(summary.read_text())["run_id"] if summary.is_file() else None
+    result["figures"] = figures(paths.run_name(algorithm, hetero), result)  # the results index's privacy rows
     result["seconds"] = round(time.perf_counter() - start, 2)
     out = audit_file(algorithm, hetero)
     out.parent.mkdir(parents=True, exist_ok=True)

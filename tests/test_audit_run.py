@@ -99,3 +99,22 @@ def test_the_update_the_server_inverts_is_the_clients_true_gradient(tiny_workspa
     true = model_gradient(model.train(), client.x_train, client.y_train)
     for (name, _), g in zip(model.named_parameters(), true):
         torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_audit(tiny_workspace, mnist):
+    from pipeline.errors import ResultsError
+    from pipeline.results.privacy import figures
+    from pipeline.results.store import rebuild_index
+
+    result = _audited(tiny_workspace, mnist, "local")
+    out = paths.RESULTS / "audit" / "local" / "audit.json"
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps({**result, "figures": figures("local", result)}))
+    rebuild_index(paths.RESULTS_DB, paths.RUNS)
+    with ResultsDB(paths.RESULTS_DB).connect(read_only=True) as con:
+        rows = dict(con.execute("SELECT metric, mean FROM privacy WHERE run_id = ?", [result["run_id"]]).fetchall())
+    assert rows["mia_auc"] == pytest.approx(result["membership"]["loss"]["auc"], abs=1e-4)
+    assert "psnr" not in rows and "label_tv" not in rows  # local: nothing to reconstruct, nothing uploaded
+    out.write_text("{not json")
+    with pytest.raises(ResultsError, match=r"audit/local/audit\.json is damaged .*dvc repro -f audit@local"):
+        rebuild_index(paths.RESULTS_DB, paths.RUNS)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 AUDIT = Path("results/audit")
 
-COLUMNS = ("run", "psnr", "ssim", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
+# each audited run's figures, each {"mean", "low", "high"}: metrics.json's "privacy" and the index's privacy table
+METRICS = ("psnr", "ssim", "baseline_psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
 
 
 def audit_path(run_name: str) -> Path:
@@ -50,6 +51,13 @@ def privacy_row(name: str, audit: dict) -> dict:
     row["uniform_tv"] = _iv(mix.get("uniform_tv"), mix.get("uniform_tv_low"), mix.get("uniform_tv_high"))
     row["label_how"] = ", ".join(mix.get("hows", []))
     return row
+
+
+def figures(name: str, audit: dict) -> dict:
+    """The audit's figures by metric (METRICS), each {"mean", "low", "high"}: what audit.json keeps for the
+    results index's privacy table (pipeline.results.store.audit_figures)."""
+    row = privacy_row(name, audit)
+    return {m: row[m] for m in METRICS if row.get(m) is not None}
 
 
 def _cell(v: dict | None, digits: int = 2) -> str:

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipeline.results.compare import RunSeries, difference_interval  # noqa: E402
 from pipeline.results.intervals import Interval, covers, percent  # noqa: E402
+from pipeline.results.privacy import METRICS as PRIVACY_METRICS  # noqa: E402
 from pipeline.results.privacy import format_privacy  # noqa: E402
 from pipeline.results.store import DIFFERENCE_COLUMNS  # noqa: E402
 
@@ -213,10 +214,6 @@ def format_paper_table(rows: list[dict], dataset: str, figures: list | None = No
             "GB to the level w/o set-up | paper GB to its target (w/o set-up) | speed-up (with set-up) | "
             "speed-up w/o set-up | paper speed-up (w/o set-up) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + lines)
-
-
-# metrics.json's privacy figures of an audited run (each {"mean", "low", "high"}; `dvc metrics show` lists them)
-PRIVACY_METRICS = ("psnr", "ssim", "baseline_psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
 
 
 def _rounded(value: float | None) -> float | None:

@@ -93,6 +93,9 @@ CREATE TABLE IF NOT EXISTS differences (
     maua_diff DOUBLE, maua_low DOUBLE, maua_high DOUBLE, maua_verdict VARCHAR, final_acc_diff DOUBLE,
     final_acc_low DOUBLE, final_acc_high DOUBLE, final_acc_verdict VARCHAR, covers VARCHAR, note VARCHAR
 );
+-- the privacy audit's figures of each audited run (results/audit/<name>/audit.json; pipeline/results/privacy.py):
+-- mean over the audited clients with its 95% interval
+CREATE TABLE IF NOT EXISTS privacy (run_id VARCHAR, metric VARCHAR, mean DOUBLE, low DOUBLE, high DOUBLE);
 CREATE TABLE IF NOT EXISTS index_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
 
@@ -489,6 +492,21 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: tuple[str, ...]
                         [(report_id, *(r.get(c) for c in columns)) for r in rows])
 
 
+def audit_figures(audit_dir: str | Path) -> list[tuple]:
+    """(run_id, metric, mean, low, high) of every audit (audit_dir/<name>/audit.json, flows/audit.py) that names
+    its run: its "figures", the privacy table's rows. A damaged file raises ResultsError naming it and the fix."""
+    out = []
+    for path in sorted(Path(audit_dir).glob("*/audit.json")):
+        try:
+            audit = json.loads(path.read_text())
+            out += [(audit["run_id"], metric, v["mean"], v["low"], v["high"])
+                    for metric, v in audit.get("figures", {}).items() if audit.get("run_id")]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ResultsError(f"{path} is damaged ({type(err).__name__}: {err}); write it again with "
+                               f"`dvc repro -f audit@{path.parent.name}`", path, "damaged") from None
+    return out
+
+
 def run_files(runs_dir: str | Path) -> list[Path]:
     """Every per-run results file under runs_dir (runs_dir/<name>/run.duckdb), sorted."""
     return sorted(Path(runs_dir).glob(f"*/{paths.RUN_RESULTS}"))
@@ -556,6 +574,10 @@ def _rebuild(index: Path, runs_dir: str | Path | None, comparison: tuple[str, li
         if comparison is not None:
             _insert(con, "comparison", COMPARISON_COLUMNS, *comparison)
             _insert(con, "differences", DIFFERENCE_COLUMNS, comparison[0], diffs)
+        known = {r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()}
+        audited = [row for row in audit_figures(index.parent / "audit") if row[0] in known]
+        if audited:
+            con.executemany("INSERT INTO privacy VALUES (?, ?, ?, ?, ?)", audited)
         out.runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         con.executemany("INSERT INTO index_meta VALUES (?, ?)",
                         [("built_at", time.strftime("%Y-%m-%dT%H:%M:%S%z")), ("runs_dir", str(runs_dir)),
