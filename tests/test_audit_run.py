@@ -16,7 +16,8 @@ from pipeline.results.privacy import format_privacy, privacy_row
 from pipeline.results.report import write_outputs
 from pipeline.results.store import ResultsDB
 
-SMALL = {"public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1, "dlg_clients": 2,
+SMALL = {"rows": 8, "public": 300, "inverter_epochs": 3, "members": 8, "shadow_models": 2, "shadow_epochs": 1,
+         "dlg_clients": 2,
          "dlg_steps": 5}
 
 

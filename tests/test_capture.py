@@ -45,6 +45,7 @@ def test_fedcache_keeps_seeded_rows_of_its_hashes_and_logits_and_the_final_model
         assert len(ids) == 5 == len(labels) == len(hashes["arrays"]["codes"])
         own = dict(zip(client.ids.tolist(), client.y_train.tolist()))
         assert all(own[i] == y for i, y in zip(ids.tolist(), labels.tolist()))  # the rows stay together
+        assert hashes["arrays"]["all_labels"].tolist() == client.y_train.tolist()  # and every label it sent
         # round 1: the per-step logits of every batch, 5 rows in all, each row the id it was sent with
         logits = [p for p in capture.load_uploads(run_dir, 1)["uploads"][k] if p["kind"] == "logits"]
         assert sum(len(p["arrays"]["sample_ids"]) for p in logits) == 5

@@ -53,8 +53,16 @@ def _interval(values: np.ndarray) -> dict:
     return {"mean": float(values.mean()), "low": float(low), "high": float(high), "n": len(values)}
 
 
-def _payloads(records: list[dict]) -> list[Payload]:
-    return [Payload(r["kind"], {n: torch.as_tensor(a) for n, a in r["arrays"].items()}) for r in records]
+def _payloads(records: list[dict], every_label: bool = False) -> list[Payload]:
+    """The kept payloads; `every_label`: a per-sample payload's labels are every label it carried (the capture keeps
+    them whole, `all_labels`, beside the sampled rows), as the server received them."""
+    out = []
+    for r in records:
+        arrays = {n: torch.as_tensor(a) for n, a in r["arrays"].items() if n != "all_labels"}
+        if every_label and "all_labels" in r["arrays"]:
+            arrays["labels"] = torch.as_tensor(r["arrays"]["all_labels"])
+        out.append(Payload(r["kind"], arrays))
+    return out
 
 
 # -- reconstruction -------------------------------------------------------------------------------------------------
@@ -229,7 +237,7 @@ def _label_mix(params: Params, method: str, part: Partition, ds: ImageDataset, r
               if k in first["uploads"]}
     estimates, truths = {}, {}
     for k in sorted(first["uploads"]):
-        uploads = _payloads(setup["uploads"].get(k, [])) + _payloads(first["uploads"][k])
+        uploads = _payloads(setup["uploads"].get(k, []), every_label=True) + _payloads(first["uploads"][k], True)
         # what the server knows besides the uploads: the encoding and the params (the step size a model update
         # is read with), and, for a model upload, the model the client started round 1 from
         context = {"encode_up": getattr(section, "encode_up", "float32"), "params": params,

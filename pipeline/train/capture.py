@@ -6,7 +6,8 @@ attacks what a server really held rather than what the code could have sent:
     the first and the last round, as sent (encoded; the audit decodes as the server does), and what the server sent
     them in those rounds (the server knows what it sent: a model update is read against it). A per-sample payload
     (one with `sample_ids` or `labels`: FedCache's hashes and logits, FedDKC/FedICT's features) keeps `audit.rows`
-    seeded rows of each client, kind and round; anything else (a model, per-class statistics) is kept whole;
+    seeded rows of each client, kind and round (and every label it carried, as `all_labels`: what the server
+    learns of the class mix); anything else (a model, per-class statistics) is kept whole;
   - those clients' final models (what a third party holding a client's model has), at the end of the run.
 Payloads sent client to client (pDFL) never reach the server and are not kept.
 
@@ -103,7 +104,10 @@ class Capture:
                 keep = np.array([i - start for i in range(start, start + n) if i in draws.get(p.kind, ())], dtype=np.int64)
                 if not len(keep):
                     continue
+                labels = arrays.get("labels")
                 arrays = {name: a[keep] if a.ndim and len(a) == n else a for name, a in arrays.items()}
+                if labels is not None:  # every label the server got (the label-mix audit): 8 bytes a sample
+                    arrays["all_labels"] = labels
             out.append({"kind": p.kind, "arrays": arrays})
         return out
 
