@@ -119,3 +119,21 @@ def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_a
     out.write_text("{not json")
     with pytest.raises(ResultsError, match=r"audit/local/audit\.json is damaged .*dvc repro -f audit@local"):
         rebuild_index(paths.RESULTS_DB, paths.RUNS)
+
+
+def test_the_shadows_are_trained_once_and_shared_by_the_audits_of_one_architecture(tiny_workspace, mnist,
+                                                                                   monkeypatch):
+    from pipeline.audit import membership
+    from pipeline.audit.run import SHADOWS
+
+    trained = []
+    train = membership.train_shadow_models
+    monkeypatch.setattr(membership, "train_shadow_models", lambda *a, **k: trained.append(1) or train(*a, **k))
+    first = _audited(tiny_workspace, mnist, "fd")["membership"]["lira"]
+    assert len(trained) == 1 and len(list(SHADOWS.glob("*.pt"))) == 1
+    second = _audited(tiny_workspace, mnist, "local")["membership"]["lira"]
+    assert len(trained) == 1  # the same architecture, data and recipe: the kept shadows
+    fresh = [p.unlink() for p in SHADOWS.glob("*.pt")]
+    again = _audited(tiny_workspace, mnist, "local")["membership"]["lira"]
+    assert fresh and len(trained) == 2 and again == second  # kept or trained again, the same shadows
+    assert first["n_clients"] == second["n_clients"] == 3

@@ -7,6 +7,7 @@ samples of a scaled-down partition; a full-data partition leaves none, and the a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from pipeline.index.encoder import build_encoder, encode
 from pipeline.methods.registry import method_class
 from pipeline.results.intervals import bootstrap_percentile
 from pipeline.seeds import rng
-from pipeline.train import capture
+from pipeline.train import capture, checkpoint
 
 AUDIT = paths.RESULTS / "audit"
 CODE_METHODS = ("fedcache",)  # the server holds every sample's code: the code-inversion attack applies
@@ -164,7 +165,7 @@ def _membership(params: Params, method: str, part: Partition, ds: ImageDataset, 
                 public: np.ndarray) -> dict:
     """A third party holding a client's final model: loss threshold (Yeom et al.) and offline LiRA (shadows trained
     on public data by the clients' own optimiser settings) on its members against same-mix non-members."""
-    a, t = params.audit, params.train
+    a = params.audit
     models = final_models(params, method, part, ds, run_dir, hetero)
     candidates = {k: membership.membership_candidates(ds, part, k, public, params.seed, max_members=a.members)
                   for k in models}
@@ -176,9 +177,7 @@ def _membership(params: Params, method: str, part: Partition, ds: ImageDataset, 
     for k, model in models.items():
         name = model_name(params, k, hetero)
         if a.shadow_models and name not in shadows:
-            shadows[name] = membership.train_shadow_models(
-                lambda: _fresh(model), ds.train_x[pool], ds.train_y[pool], a.shadow_models, a.shadow_epochs, t.lr,
-                t.batch_size, params.seed, t.momentum, t.weight_decay)
+            shadows[name] = _shadows(params, model, ds, pool)
         if len(candidates[k].member_y):
             scores.append(membership.score_client(model, candidates[k], shadows.get(name)))
     out: dict = {"applies": bool(scores), "members_per_client": a.members}
@@ -189,6 +188,40 @@ def _membership(params: Params, method: str, part: Partition, ds: ImageDataset, 
     if "lira" in out:
         out["lira"].update(shadow_models=a.shadow_models, shadow_epochs=a.shadow_epochs, shadow_samples=len(pool) // 2)
     return out
+
+
+SHADOWS = paths.CHECKPOINTS / "shadows"  # the shadows' cache: the audit stages of one dataset share them
+
+
+def _shadows(params: Params, target: torch.nn.Module, ds: ImageDataset, pool: np.ndarray) -> list[torch.nn.Module]:
+    """Offline LiRA's shadow models of the target's architecture, trained on `pool` with the clients' optimiser
+    settings; trained once and kept (SHADOWS, keyed by everything that makes them), so the audits of the methods
+    sharing an architecture (FedCache, FD, FedAvg, local: ResNet-8) share them. They are a function of that key:
+    a kept set is what training would give again."""
+    import hashlib
+
+    from filelock import FileLock
+
+    a, t = params.audit, params.train
+    shapes = sorted((n, tuple(v.shape)) for n, v in target.state_dict().items())
+    code = Path(membership.__file__).read_bytes()  # an edit of how shadows train makes new ones
+    key = hashlib.sha256(code + json.dumps([shapes, ds.name, pool.tolist(), a.shadow_models, a.shadow_epochs, t.lr,
+                                            t.batch_size, params.seed, t.momentum, t.weight_decay]).encode()
+                         ).hexdigest()[:16]
+    path = SHADOWS / f"{key}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):  # audits running side by side (queued experiments) train them once
+        if path.is_file():
+            states = checkpoint.read(path, "delete it: the next audit trains the shadows again")["shadows"]
+            shadows = [_fresh(target) for _ in states]
+            for shadow, state in zip(shadows, states):
+                shadow.load_state_dict(state)
+            return [s.eval() for s in shadows]
+        shadows = membership.train_shadow_models(
+            lambda: _fresh(target), ds.train_x[pool], ds.train_y[pool], a.shadow_models, a.shadow_epochs, t.lr,
+            t.batch_size, params.seed, t.momentum, t.weight_decay)
+        checkpoint.save(path, {"shadows": [s.state_dict() for s in shadows]})
+        return shadows
 
 
 def final_models(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
