@@ -1,0 +1,151 @@
+"""docs/privacy.md's measured section, from the audits of real runs (issue 40): no figure on the page is typed by hand.
+
+    .venv/bin/python bench/privacy_docs.py collect WORKSPACE [--bits BITS=WORKSPACE ...]
+    .venv/bin/python bench/privacy_docs.py           # rewrite docs/privacy.md's section from bench/results/
+    .venv/bin/python bench/privacy_docs.py --check   # exit 1 when the page differs from what the files render
+
+`collect` reads a workspace where `dvc repro` ran (results/audit/*/audit.json, results/metrics.json) and, for the
+hash-bits defence curve, workspaces of the same params with `encode.bits` changed (FedCache only), and writes
+bench/results/privacy-<cpu>.json: each method's privacy figures beside its accuracy and bytes, the audit's
+seconds, and FedCache's reconstruction against its accuracy at each number of bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+from docs_section import replace_section  # noqa: E402
+
+from pipeline.results.privacy import format_privacy, privacy_row  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "privacy.md"
+BEGIN, END = "<!-- privacy measured: begin (bench/privacy_docs.py) -->", "<!-- privacy measured: end -->"
+HEADING = "## Measured on the default run"
+NOT_MEASURED = "Not measured yet on any CPU."
+
+
+def _audits(workspace: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((workspace / "results/audit").glob("*/audit.json"))}
+
+
+def _metrics(workspace: Path) -> dict:
+    path = workspace / "results/metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _params(workspace: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((workspace / "params.yaml").read_text())
+
+
+def collect(workspace: Path, bits: dict[int, Path]) -> dict:
+    """The result file's content (see the module docstring)."""
+    from pipeline.machine import cpu_description
+
+    metrics, params = _metrics(workspace), _params(workspace)
+    rows = []
+    for name, audit in _audits(workspace).items():
+        if not audit.get("captured", True):
+            continue
+        m = metrics.get(name, {})
+        rows.append({**privacy_row(name, audit), "maua": m.get("maua"), "maua_low": m.get("maua_low"),
+                     "maua_high": m.get("maua_high"), "bytes_total": m.get("bytes_total"),
+                     "seconds": audit.get("seconds"), "summary": audit.get("summary")})
+    curve = []
+    for n, place in sorted({int(params["encode"]["bits"]): workspace, **bits}.items(), reverse=True):
+        fedcache = _audits(place).get("fedcache")
+        m = _metrics(place).get("fedcache", {})
+        if fedcache is None or not fedcache.get("reconstruction", {}).get("applies"):
+            continue
+        rec = fedcache["reconstruction"]
+        curve.append({"bits": n, "maua": m.get("maua"), "maua_low": m.get("maua_low"), "maua_high": m.get("maua_high"),
+                      "bytes_setup": m.get("bytes_setup"), "psnr": rec["psnr"], "ssim": rec["ssim"],
+                      "baseline_psnr": rec["baseline_psnr"]})
+    p = params
+    return {"cpu": cpu_description(), "date": time.strftime("%Y-%m-%d"),
+            "setting": (f"{p['data']['dataset']}, K = {p['partition']['num_clients']}, "
+                        f"{p['partition']['samples_per_client']} samples a client, {p['train']['rounds']} rounds, "
+                        f"seed {p['seed']}; audit: {p['audit']['clients']} clients, {p['audit']['public']} public "
+                        f"samples, {p['audit']['shadow_models']} shadows x {p['audit']['shadow_epochs']} epochs"),
+            "command": "dvc repro, then bench/privacy_docs.py collect", "rows": rows, "bits_curve": curve,
+            "audit_seconds": round(sum(r["seconds"] or 0 for r in rows), 1)}
+
+
+def _pm(v: dict | None, digits: int) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v['mean']:.{digits}f} [{v['low']:.{digits}f}, {v['high']:.{digits}f}]" if v.get("low") is not None \
+        else f"{v['mean']:.{digits}f}"
+
+
+def _maua(row: dict) -> str:
+    if row.get("maua") is None:
+        return "n/a"
+    low, high = row.get("maua_low"), row.get("maua_high")
+    return f"{row['maua']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
+
+
+def section(results: list[dict]) -> str:
+    """Each CPU's privacy table, the audit's time, and FedCache's bits curve."""
+    parts = []
+    for r in results:
+        parts += [f"### {r['cpu']}, {r['date']}", "", f"Setting: {r['setting']}. Command: `{r['command']}`.", "",
+                  format_privacy(r["rows"]), "",
+                  "| run | MAUA [95%] | bytes | audit s |", "|---|---|---|---|",
+                  *[f"| {row['run']} | {_maua(row)} | {row['bytes_total']:,} | {row['seconds']} |" for row in r["rows"]],
+                  "", f"The audit of every method took {r['audit_seconds']} s in all.", ""]
+        if r["bits_curve"]:
+            parts += ["FedCache's hash bits, a defence: reconstruction from the codes against accuracy (the "
+                      "mean public image scores the baseline).", "",
+                      "| bits | MAUA [95%] | set-up bytes | PSNR dB [95%] | SSIM [95%] | mean image PSNR |",
+                      "|---|---|---|---|---|---|",
+                      *[f"| {c['bits']} | {_maua(c)} | {c['bytes_setup']:,} | {_pm(c['psnr'], 1)} | {_pm(c['ssim'], 2)} "
+                        f"| {_pm(c['baseline_psnr'], 1)} |" for c in r["bits_curve"]], ""]
+    return "\n".join(parts).strip() or NOT_MEASURED
+
+
+def render(text: str, results_dir: Path = RESULTS) -> str:
+    results = [json.loads(p.read_text()) for p in sorted(results_dir.glob("privacy-*.json"))]
+    return replace_section(text, BEGIN, END, f"{BEGIN}\n{section(results)}\n{END}", HEADING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", choices=["collect"], help="collect a workspace's audits")
+    parser.add_argument("workspace", nargs="?", type=Path, help="collect: where dvc repro ran")
+    parser.add_argument("--bits", action="append", default=[], metavar="BITS=WORKSPACE",
+                        help="collect: a workspace of the same params with encode.bits = BITS (FedCache)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/privacy.md is stale")
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        from roofline import cpu_slug
+
+        bits = {int(b): Path(w) for b, w in (item.split("=", 1) for item in args.bits)}
+        out = RESULTS / f"privacy-{cpu_slug()}.json"
+        out.write_text(json.dumps(collect(args.workspace, bits), indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
+    text = DOCS.read_text()
+    page = render(text)
+    if args.check:
+        if page != text:
+            print(f"{DOCS} is stale: run .venv/bin/python bench/privacy_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    DOCS.write_text(page)
+    print(f"wrote {DOCS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
