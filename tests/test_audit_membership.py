@@ -100,6 +100,7 @@ def _unseen_halves(leak) -> mb.Candidates:
 # Loss threshold (Yeom et al. 2018)
 
 
+@pytest.mark.slow  # a learning check: trains a memorising target (25 epochs) and shadows
 def test_loss_attack_sees_a_memorised_client(leak):
     c, target = leak["cand"], leak["target"]
     assert len(c.member_y) == N_MEMBERS and set(c.nonmember_source) >= {"test", "val"}
@@ -108,11 +109,13 @@ def test_loss_attack_sees_a_memorised_client(leak):
     assert result["tpr_at_1pct_fpr"] > 0.1, result  # confident on some members (seeds 0-4: 0.28-1.00)
 
 
+@pytest.mark.slow  # a learning check: trains a memorising target (25 epochs) and shadows
 def test_loss_attack_falls_to_chance_when_no_candidate_was_trained_on(leak):
     result = mb.score_client(leak["target"], _unseen_halves(leak))["loss"]
     assert abs(result["auc"] - 0.5) < CHANCE_BAND, result
 
 
+@pytest.mark.slow  # a learning check: trains a memorising target (25 epochs) and shadows
 def test_the_attack_disabled_scores_exactly_chance(leak):
     """A constant score (the attack switched off) cannot pass the planted-leak assertion."""
     c = leak["cand"]
@@ -132,6 +135,7 @@ def shadows(leak):
                                   lr=0.01, batch_size=8, seed=SEED)
 
 
+@pytest.mark.slow  # a learning check: trains a memorising target (25 epochs) and shadows
 def test_lira_sees_a_memorised_client_and_nothing_in_unseen_digits(leak, shadows):
     c, target = leak["cand"], leak["target"]
     result = mb.score_client(target, c, shadows)["lira"]
@@ -140,6 +144,7 @@ def test_lira_sees_a_memorised_client_and_nothing_in_unseen_digits(leak, shadows
     assert abs(null["auc"] - 0.5) < CHANCE_BAND, null
 
 
+@pytest.mark.slow  # a learning check: trains a memorising target (25 epochs) and shadows
 def test_lira_with_permuted_label_shadows_degrades_to_the_loss_attack(leak):
     """Shadows trained on randomly permuted public labels know nothing about which digits are hard for the
     true label: their per-candidate mean is noise. Offline LiRA then ranks candidates by the target's phi

@@ -77,6 +77,7 @@ def _reconstruction_scores(public, private, public_codes, private_codes, encoder
     return [s.mean() for s in attack], [s.mean() for s in baseline]
 
 
+@pytest.mark.slow  # a learning check: trains an inverter / runs DLG to convergence
 def test_inverting_pixel_codes_recovers_the_private_images(split):
     """Planted leak: the pixels encoder's code is the (centred, normalised) image itself."""
     public, private = split
@@ -87,6 +88,7 @@ def test_inverting_pixel_codes_recovers_the_private_images(split):
     assert ssim > 0.75 and ssim > base_ssim + 0.3, (ssim, base_ssim)
 
 
+@pytest.mark.slow  # a learning check: trains an inverter / runs DLG to convergence
 def test_inverting_random_codes_does_no_better_than_the_mean_image(split):
     """Leak removed: codes drawn at random, independent of the images (packed as simhash's 1,024 bits)."""
     public, private = split
@@ -167,6 +169,7 @@ def _sigmoid_lenet(seed: int) -> nn.Module:
     return model
 
 
+@pytest.mark.slow  # a learning check: trains an inverter / runs DLG to convergence
 @pytest.mark.parametrize("planted", [True, False], ids=["gradient", "zeros"])
 def test_dlg_recovers_a_digit_from_its_gradient_and_nothing_from_zeros(small_mnist, planted):
     model = _sigmoid_lenet(1)
