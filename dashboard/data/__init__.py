@@ -9,6 +9,7 @@
     groups    runs that differ only in their seed, as one group
     sweeps    which runs are one-key sweeps;  ablations: the Ablations tab's points
     params    runs' params compared and filtered
+    privacy   the audit's figures beside MAUA and bytes (the Privacy tab)
 
 The views read everything as `data.<name>`: each module's public names are here.
 """
@@ -22,3 +23,4 @@ from dashboard.data.groups import *  # noqa: F401,F403
 from dashboard.data.sweeps import *  # noqa: F401,F403
 from dashboard.data.ablations import *  # noqa: F401,F403
 from dashboard.data.params import *  # noqa: F401,F403
+from dashboard.data.privacy import *  # noqa: F401,F403

@@ -102,6 +102,9 @@ def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
             con.execute(f"INSERT INTO file_seen SELECT run_id, ? FROM {c}.runs", [(changed_s or {}).get(c)])
 
 
+INDEX_CATALOG = "src_index"  # the index's catalog in a reading connection (absent when it is passed over or missing)
+
+
 @contextmanager
 def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                      runs_dir: Path | None = None,
@@ -132,7 +135,7 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
         if path.is_file():
             every_file = run_files(runs_dir)  # what is read instead of an index that cannot serve
             try:
-                index = "src_index" if attach_or_raise(path, "src_index") else None
+                index = INDEX_CATALOG if attach_or_raise(path, INDEX_CATALOG) else None
             except ResultsError as err:
                 if not every_file:
                     raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
@@ -172,6 +175,23 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                                  f"{fix(path)}; a per-run file: re-run its stage.") from err
     finally:
         con.close()
+
+
+PRIVACY_COLUMNS = ["run_id", "metric", "mean", "low", "high"]
+
+
+def _privacy(con: duckdb.DuckDBPyConnection, ids: list[str]) -> pd.DataFrame | None:
+    """The runs' rows of the index's privacy table (the audit's figures, pipeline.results.privacy.METRICS: mean over
+    the audited clients with its 95% interval); None when the index has no such table (built before the audit, issue
+    40) or none was read. The table is the index's alone: a per-run file holds no audit."""
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
+                        "AND table_name = 'privacy'", [INDEX_CATALOG]).fetchone()[0]
+    if not found:
+        return None
+    if not ids:
+        return pd.DataFrame(columns=PRIVACY_COLUMNS)
+    return con.execute(f"SELECT run_id, metric, mean, low, high FROM {INDEX_CATALOG}.privacy WHERE run_id IN "
+                       f"({', '.join('?' * len(ids))}) ORDER BY run_id, metric", ids).df()
 
 
 def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
@@ -326,6 +346,10 @@ class Snapshot:
     cache_runs: list[str] = field(default_factory=list)
     # the selected runs' sim_busy_s / sim_client_s round metrics summed (timed runs only): the waiting share
     waiting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=WAITING_COLUMNS))
+    # the selected runs' privacy figures (_privacy; a run without an audit has no rows), and whether the index has
+    # the table at all (False: built before the audit, or no index read)
+    privacy: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PRIVACY_COLUMNS))
+    privacy_indexed: bool = False
 
     @cached_property
     def labels(self) -> dict[str, str]:
@@ -378,13 +402,15 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
                        WAITING_COLUMNS)
         cache_runs = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM round_metrics WHERE name = ?",
                                                 [CACHE_METRICS[0]]).fetchall()]
+        privacy = _privacy(con, ids)
     # keep the caller's run order in every frame (legends, table rows)
     order = {r: i for i, r in enumerate(ids)}
     frames = []
-    for df in (rounds, clients, comm_rounds, comm_clients, metrics):
+    for df in (rounds, clients, comm_rounds, comm_clients, metrics,
+               pd.DataFrame(columns=PRIVACY_COLUMNS) if privacy is None else privacy):
         df = df.sort_values("run_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
         frames.append(df)
     recorded = set(cache_runs)
     return Snapshot(runs, *frames[:4], ablation_rounds=ablation_rounds, ablation_clients=ablation_clients,
-                    metrics=frames[4],
-                    cache_runs=[r for r in runs["run_id"] if r in recorded], waiting=waiting)  # oldest first
+                    metrics=frames[4], cache_runs=[r for r in runs["run_id"] if r in recorded],  # oldest first
+                    waiting=waiting, privacy=frames[5], privacy_indexed=privacy is not None)
