@@ -31,10 +31,11 @@ from streamlit import config as st_config  # noqa: E402
 from dashboard import data, stages, urlstate  # noqa: E402
 from dashboard.config import Config, load_config  # noqa: E402
 from dashboard.tabs import (  # noqa: E402
-    view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_params, view_partition)
+    view_ablations, view_cache, view_clients, view_comm, view_neighbours, view_params, view_partition, view_privacy)
 from dashboard.views import guarded, view_overview  # noqa: E402
 
-TABS = ["Accuracy & bytes", "Clients", "Communication", "Cache", "Ablations", "Partition", "Neighbours", "Params"]
+TABS = ["Accuracy & bytes", "Clients", "Communication", "Privacy", "Cache", "Ablations", "Partition", "Neighbours",
+        "Params"]
 STATS_TABS = {"Clients", "Partition"}  # the tabs that read the partition's stats
 PARAMS_TABS = {"Partition", "Neighbours"}  # and the params of the run they show (_stage_params)
 
@@ -286,6 +287,8 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
             view_clients(snap, ids, stats)
         elif tab == "Communication":
             view_comm(snap, ids, include_setup)
+        elif tab == "Privacy":
+            view_privacy(snap, ids, include_setup, cfg.results_db)
         elif tab == "Cache":
             view_cache(snap, ids)
         elif tab == "Ablations":

@@ -1,5 +1,5 @@
-"""The dashboard's other tabs, one function each: clients, communication, the knowledge cache, ablations, the
-partition, neighbours and params (Streamlit layout over dashboard.data, dashboard.stages and dashboard.charts).
+"""The dashboard's other tabs, one function each: clients, communication, privacy, the knowledge cache, ablations,
+the partition, neighbours and params (Streamlit layout over dashboard.data, dashboard.stages and dashboard.charts).
 The overview and its comparison tables are dashboard.views'."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import ablation_charts, charts, data, stages
+from dashboard import ablation_charts, charts, data, privacy_chart, stages
 from dashboard.config import Config
 from dashboard.views import figure_downloads, fitted
 from pipeline import paths
 from pipeline.data import datasets
+from pipeline.results.store import rebuild_command
 
 # the neighbours view's colours: the query sample, a neighbour of its own client, of another client, of another label
 QUERY, SAME_CLIENT, OTHER_CLIENT, WRONG_LABEL = (20, 20, 20), (170, 170, 170), (255, 140, 0), (220, 0, 0)
@@ -77,6 +78,54 @@ def view_comm(snap: data.Snapshot, ids: list[str], include_setup: bool) -> None:
     silent = [snap.label(r) for r in ids if snap.label(r) not in with_bytes]
     if silent:
         st.caption("No traffic: " + ", ".join(silent))
+
+
+AUDIT_HOW = ("`.venv/bin/dvc repro` runs `audit@<method>` after each training stage (one by hand: "
+             "`.venv/bin/python -m flows.audit <method>`, with `audit.capture` on while it trained), and the report "
+             "stage puts its figures in the results index; docs/privacy.md says what they mean.")
+NOT_APPLIED = "the attack does not apply to the method, or is not built for it yet: docs/privacy.md"
+
+
+def view_privacy(snap: data.Snapshot, ids: list[str], include_setup: bool, results_db: Path) -> None:
+    """What the privacy audit's attackers learn from each selected run beside its accuracy and bytes: one scatter per
+    attack (data.ATTACKS), and every figure with its interval in a table; the runs without an audit named."""
+    if not snap.privacy_indexed:
+        st.info(f"The results index `{results_db}` has no privacy table: it was built before the privacy audit (or "
+                f"no index was read). {AUDIT_HOW} To rebuild the index alone: `{rebuild_command(results_db)}`.")
+        return
+    audited = data.audited(snap, ids)
+    without = [snap.label(r) for r in ids if r not in audited]
+    if not audited:
+        st.info(f"None of the selected runs has a privacy audit ({', '.join(without)}). {AUDIT_HOW}")
+        return
+    points = data.privacy_points(snap, audited, include_setup)
+    runs = data.run_algorithms(snap, audited)  # label -> method: its colour
+    st.caption("What an honest-but-curious server (reconstruction, label mix) and a holder of a client's final model "
+               "(membership) learn from each audited run, against the run's MAUA. Each figure is a mean over the "
+               "audited clients with its 95% interval (horizontal bars); MAUA with its 95% interval over the clients "
+               "(vertical bars); bytes up + down in the tooltips and the table, set-up traffic "
+               f"{'included' if include_setup else 'excluded'} (sidebar). Dashed: what an attacker who ignores the "
+               "uploads or the model scores. A figure near it means these attacks could not tell, not that the method "
+               "is private (docs/privacy.md).")
+    for column, (attack, spec) in zip(st.columns(2) * 2, data.ATTACKS.items()):
+        with column:
+            part = points[points["attack"] == attack]
+            if part.empty:
+                st.caption(f"**{spec.title}**: no selected run has this figure ({NOT_APPLIED}).")
+                continue
+            drawn = {label: method for label, method in runs.items() if label in set(part["run"])}
+            chart = privacy_chart.privacy_scatter(part, data.privacy_baselines(snap, audited, attack), attack, drawn)
+            st.altair_chart(chart, width="stretch")
+            figure_downloads(chart, f"privacy_{attack}", f"fig_privacy_{attack}")
+            missing = [label for label in runs if label not in drawn]
+            if missing:
+                st.caption(f"No figure ({NOT_APPLIED}): " + ", ".join(missing))
+    st.markdown("**Every figure** (mean over the audited clients [95% interval]; in brackets after a figure: its "
+                "baseline)\n\n" + data.markdown_table(data.privacy_table(snap, audited, include_setup)))
+    st.caption("Label-mix TV 0: the server has the exact mix (FedCache, FedDKC, FedICT and FedProto send it by "
+               "design). TPR @ 1% FPR: the members found when 1% of non-members are wrongly flagged.")
+    if without:
+        st.caption(f"No audit: {', '.join(without)}. {AUDIT_HOW}")
 
 
 def view_cache(snap: data.Snapshot, ids: list[str]) -> None:

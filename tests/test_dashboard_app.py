@@ -341,6 +341,105 @@ def test_communication_view(app, sample):
     assert "local/homo bbbbbb" in texts(at, "caption")  # listed as sending nothing
 
 
+PRIVACY_TITLES = {attack: spec.title for attack, spec in data.ATTACKS.items()}
+
+
+def privacy_chart(at: AppTest, attack: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """An attack's scatter: its points (one row per run and figure), its baseline rules, and the spec."""
+    spec = charts(at)[PRIVACY_TITLES[attack]]
+    rows = frame(spec)
+    points = rows.dropna(subset=["mean"]).drop_duplicates(["run", "series"]).set_index(["run", "series"])
+    return points, rows.dropna(subset=["baseline"]).drop_duplicates(), spec
+
+
+def layer_fields(spec: dict) -> list[dict[str, str]]:
+    """Each layer's encoded fields by channel (x, x2, y, y2, ...)."""
+    return [{k: v.get("field") for k, v in layer["encoding"].items() if isinstance(v, dict)} for layer in spec["layer"]]
+
+
+def test_privacy_view(app, sample, tmp_path):
+    """The Privacy tab: per attack a scatter of the audited runs (x the figure with its 95% interval, y the run's MAUA
+    with its interval, bytes in the tooltip, the baseline as a dashed rule), every figure in a table, the runs without
+    an audit named; with none audited, the command that makes one; an index from before the privacy table says so."""
+    ids = sample.run_ids
+    at = open_tab(app(), "Privacy")
+    assert_clean(at)
+    assert set(PRIVACY_TITLES.values()) <= set(charts(at))
+    snap = data.load_snapshot(sample.results_db, [ids["fedcache"], ids["local"]])
+    bytes_sent = snap.rounds.assign(b=snap.rounds["bytes_up"] + snap.rounds["bytes_down"]).groupby("run_id")["b"].sum()
+    maua = {ids["fedcache"]: max(sample_data.curve(0.8123)), ids["local"]: max(sample_data.curve(0.6547))}
+    intervals = {s.run_id: data.run_intervals(s) for s in data.series(snap, list(maua))}
+    run = {"fedcache/homo aaaaaa": ids["fedcache"], "local/homo bbbbbb": ids["local"]}
+    expected = {"reconstruction": {("fedcache/homo aaaaaa", "reconstruction"): "psnr"},
+                "membership": {(r, name): m for r in run for m, name in (("mia_auc", "loss threshold"),
+                                                                         ("lira_auc", "LiRA"))},
+                "label_mix": {("fedcache/homo aaaaaa", "label mix"): "label_tv"}}
+    baselines = {"reconstruction": [11.9], "membership": [0.5], "label_mix": [0.52]}
+    for attack, figures in expected.items():
+        points, rules, spec = privacy_chart(at, attack)
+        assert set(points.index) == set(figures), attack  # the local run sends nothing: membership only
+        for (label, name), metric in figures.items():
+            p, method = points.loc[(label, name)], label.split("/")[0]
+            figure = sample_data.PRIVACY[method][metric]
+            assert (p["mean"], p["low"], p["high"]) == pytest.approx(figure), (attack, label)
+            assert p["maua"] == pytest.approx(maua[run[label]])
+            iv = intervals[run[label]]
+            assert (p["maua_low"], p["maua_high"]) == pytest.approx((iv["maua_low"], iv["maua_high"]))
+            assert p["maua_low"] < p["maua"] < p["maua_high"]
+            assert p["bytes"] == bytes_sent[run[label]]  # local-only: 0
+        assert sorted(rules["baseline"]) == pytest.approx(baselines[attack]), attack
+        fields = layer_fields(spec)  # both intervals drawn as bars, the baseline as a rule
+        assert {"x": "low", "x2": "high", "y": "maua", "color": "run"} in fields
+        assert {"x": "mean", "y": "maua_low", "y2": "maua_high", "color": "run"} in fields
+        assert {"x": "baseline"} in fields
+        assert any(t.get("field") == "bytes" for layer in spec["layer"] for t in layer["encoding"].get("tooltip", []))
+        drawn = set(points.index.get_level_values(0))  # the runs with a point, each in its method's colour
+        assert scale(spec["layer"][-1]) == {label: charts_mod.METHOD_COLORS[label.split("/")[0]] for label in drawn}
+    table = texts(at, "markdown")
+    assert "| fedcache/homo aaaaaa | 13.2 [12.6, 13.9] (11.9) | 0.21 [0.17, 0.25] | 0.56 [0.52, 0.60] |" in table
+    assert ("| local/homo bbbbbb | n/a | n/a | 0.58 [0.53, 0.63] | 0.04 [0.02, 0.07] | 0.64 [0.58, 0.70] | n/a |"
+            in table)
+    notes = texts(at, "caption")
+    assert "No audit: fedcache/hetero cccccc" in notes and "No figure" in notes and "local/homo bbbbbb" in notes
+
+    # only a run without an audit: no chart, the command that makes one
+    at.sidebar.multiselect(key="runs").set_value([ids["fedcache_hetero"]]).run()
+    assert_clean(at)
+    assert not set(PRIVACY_TITLES.values()) & set(charts(at))
+    assert "None of the selected runs has a privacy audit (fedcache/hetero cccccc)" in texts(at, "info")
+    assert "`.venv/bin/dvc repro` runs `audit@<method>`" in texts(at, "info")
+
+    # an index from before the privacy table: the tab says so, with the rebuild
+    db = ResultsDB(tmp_path / "old.duckdb")
+    sample_data.write_run(db, "fedcache-20250101-000000-old000", "fedcache", "homo",
+                          sample_data.params_for(sample.root), np.full(sample_data.K, sample_data.PER_CLIENT),
+                          sample_data.curve(0.8))
+    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Privacy")
+    assert_clean(at)
+    assert not set(PRIVACY_TITLES.values()) & set(charts(at))
+    assert "has no privacy table" in texts(at, "info") and "pipeline.results.store rebuild" in texts(at, "info")
+
+
+def test_privacy_view_beside_fedavg(app, mixed):
+    """FedAvg's gradient inversion beside FedCache's code inversion (each against its own mean-image baseline), and a
+    label mix estimated (TV above 0) beside one sent by design (0); set-up traffic off changes the bytes shown."""
+    path, ids = mixed
+    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Privacy")
+    assert_clean(at)
+    points, rules, _ = privacy_chart(at, "reconstruction")
+    assert {label for label, _ in points.index} == {"fedavg/homo bbbbb1", "fedcache/homo aaaaa1"}
+    assert points.loc[("fedavg/homo bbbbb1", "reconstruction"), "mean"] == pytest.approx(10.4)
+    assert sorted(rules["baseline"]) == pytest.approx([11.7, 11.9])  # each run's own mean public image
+    tv = privacy_chart(at, "label_mix")[0]["mean"]
+    assert tv.to_dict() == pytest.approx({("fedavg/homo bbbbb1", "label mix"): 0.21,
+                                          ("fedcache/homo aaaaa1", "label mix"): 0.0})
+    with_setup = privacy_chart(at, "reconstruction")[0]["bytes"]
+    at.sidebar.toggle(key="include_setup").set_value(False).run()
+    without = privacy_chart(at, "reconstruction")[0]["bytes"]
+    assert without[("fedavg/homo bbbbb1", "reconstruction")] == with_setup[("fedavg/homo bbbbb1", "reconstruction")]
+    assert without[("fedcache/homo aaaaa1", "reconstruction")] < with_setup[("fedcache/homo aaaaa1", "reconstruction")]
+
+
 def test_a_decentralized_runs_downloads_are_what_its_clients_receive_from_peers(app, sample, tmp_path):
     """Issue 37: pDFL's traffic is one ledger row per payload, "up" for the sender with the receiver as peer; its
     download columns read "—". A client's downloads are now the bytes its peers sent it (Clients tab), and the
@@ -1198,7 +1297,8 @@ def test_only_the_open_tab_runs(app, monkeypatch):
     assert ran == ["view_overview"]
     assert not set(CACHE_TITLES.values()) & set(charts(at))  # the Cache tab's charts are not made
     assert len(at.tabs) == len(TABS) and not any(tab.children for tab in at.tabs[1:])
-    for tab, expected in (("Cache", ["view_cache"]), ("Clients", ["load_stats", "view_clients"]),
+    for tab, expected in (("Cache", ["view_cache"]), ("Privacy", ["view_privacy"]),
+                          ("Clients", ["load_stats", "view_clients"]),
                           ("Partition", ["load_stats", "view_partition"]), ("Neighbours", ["view_neighbours"]),
                           ("Params", ["view_params"])):
         ran.clear()

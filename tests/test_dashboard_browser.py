@@ -242,6 +242,7 @@ def test_dashboard_in_chromium(chromium, server):
             # bounds, not waits: generous, since a tab's charts render only once it is shown, and on a
             # 2-core machine with the other core busy a third chart took more than 15 s once
             expected = {"Clients": (CHART, 3), "Communication": (CHART, 2),
+                        "Privacy": (CHART, 3),  # reconstruction, membership, label mix: the audited FedCache and local
                         "Cache": (CHART, 4),  # coverage, staleness, teacher vs students, entropy: 2 FedCache runs
                         "Ablations": ('code:text("pipeline.experiments.sweeps run ablation_alpha")', 1),  # no sweep runs here
                         "Partition": (CHART, 1), "Neighbours": ('[data-testid="stImage"] img', 4),
