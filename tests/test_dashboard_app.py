@@ -20,7 +20,7 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from dashboard import charts as charts_mod
-from dashboard import data, sample_data, widths
+from dashboard import data, sample_data, sample_privacy, widths
 from dashboard.app import TABS
 from pipeline.results.store import ResultsDB
 
@@ -380,7 +380,7 @@ def test_privacy_view(app, sample, tmp_path):
         assert set(points.index) == set(figures), attack  # the local run sends nothing: membership only
         for (label, name), metric in figures.items():
             p, method = points.loc[(label, name)], label.split("/")[0]
-            figure = sample_data.PRIVACY[method][metric]
+            figure = sample_privacy.PRIVACY[method][metric]
             assert (p["mean"], p["low"], p["high"]) == pytest.approx(figure), (attack, label)
             assert p["maua"] == pytest.approx(maua[run[label]])
             iv = intervals[run[label]]

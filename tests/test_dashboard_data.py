@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard import ablation_charts, charts, data, sample_data, stages
+from dashboard import ablation_charts, charts, data, sample_data, sample_privacy, stages
 from dashboard.config import load_config
 from pipeline.experiments.dvc import flatten
 from pipeline.results.intervals import run_interval
@@ -319,7 +319,7 @@ def test_the_audits_figures_come_from_the_rebuilt_index(sample, tmp_path):
         sample_data.write_run(db, f"{name}-1", algorithm, "homo", params, sizes, sample_data.curve(0.7))
         _age(db.path)
     for name in ("fedcache", "local"):  # fd: not audited
-        figures = {m: dict(zip(("mean", "low", "high"), v)) for m, v in sample_data.PRIVACY[name].items()}
+        figures = {m: dict(zip(("mean", "low", "high"), v)) for m, v in sample_privacy.PRIVACY[name].items()}
         audit = tmp_path / "audit" / name / "audit.json"
         audit.parent.mkdir(parents=True)
         audit.write_text(json.dumps({"run_id": f"{name}-1", "figures": figures}))
@@ -329,8 +329,8 @@ def test_the_audits_figures_come_from_the_rebuilt_index(sample, tmp_path):
     assert snap.privacy_indexed and set(snap.privacy["run_id"]) == {"local-1"}  # fedcache-1 not selected
     read = {m: (mean, low, high) for m, mean, low, high in snap.privacy[["metric", "mean", "low", "high"]].itertuples(
         index=False)}
-    assert read.keys() == sample_data.PRIVACY["local"].keys()
-    assert all(read[m] == pytest.approx(v) for m, v in sample_data.PRIVACY["local"].items())
+    assert read.keys() == sample_privacy.PRIVACY["local"].keys()
+    assert all(read[m] == pytest.approx(v) for m, v in sample_privacy.PRIVACY["local"].items())
     assert data.audited(snap, ["fd-1", "local-1"]) == ["local-1"]
     snap = data.load_snapshot(index, ["fedcache-1", "local-1"])
     assert list(dict.fromkeys(snap.privacy["run_id"])) == ["fedcache-1", "local-1"]  # the caller's order

@@ -29,6 +29,7 @@ from typing import Iterator
 import duckdb
 import pandas as pd
 
+from dashboard.data.audit_rows import INDEX_CATALOG, PRIVACY_COLUMNS, read_privacy
 from dashboard.data.sweeps import ablation_runs
 from pipeline import paths
 from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
@@ -102,9 +103,6 @@ def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
             con.execute(f"INSERT INTO file_seen SELECT run_id, ? FROM {c}.runs", [(changed_s or {}).get(c)])
 
 
-INDEX_CATALOG = "src_index"  # the index's catalog in a reading connection (absent when it is passed over or missing)
-
-
 @contextmanager
 def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                      runs_dir: Path | None = None,
@@ -175,23 +173,6 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                                  f"{fix(path)}; a per-run file: re-run its stage.") from err
     finally:
         con.close()
-
-
-PRIVACY_COLUMNS = ["run_id", "metric", "mean", "low", "high"]
-
-
-def _privacy(con: duckdb.DuckDBPyConnection, ids: list[str]) -> pd.DataFrame | None:
-    """The runs' rows of the index's privacy table (the audit's figures, pipeline.results.privacy.METRICS: mean over
-    the audited clients with its 95% interval); None when the index has no such table (built before the audit, issue
-    40) or none was read. The table is the index's alone: a per-run file holds no audit."""
-    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
-                        "AND table_name = 'privacy'", [INDEX_CATALOG]).fetchone()[0]
-    if not found:
-        return None
-    if not ids:
-        return pd.DataFrame(columns=PRIVACY_COLUMNS)
-    return con.execute(f"SELECT run_id, metric, mean, low, high FROM {INDEX_CATALOG}.privacy WHERE run_id IN "
-                       f"({', '.join('?' * len(ids))}) ORDER BY run_id, metric", ids).df()
 
 
 def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
@@ -346,7 +327,7 @@ class Snapshot:
     cache_runs: list[str] = field(default_factory=list)
     # the selected runs' sim_busy_s / sim_client_s round metrics summed (timed runs only): the waiting share
     waiting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=WAITING_COLUMNS))
-    # the selected runs' privacy figures (_privacy; a run without an audit has no rows), and whether the index has
+    # the selected runs' privacy figures (read_privacy; a run without an audit has no rows), and whether the index has
     # the table at all (False: built before the audit, or no index read)
     privacy: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PRIVACY_COLUMNS))
     privacy_indexed: bool = False
@@ -402,7 +383,7 @@ def load_snapshot(path: Path, run_ids: list[str], timeout_s: float = 2.0, runs_d
                        WAITING_COLUMNS)
         cache_runs = [r for (r,) in con.execute("SELECT DISTINCT run_id FROM round_metrics WHERE name = ?",
                                                 [CACHE_METRICS[0]]).fetchall()]
-        privacy = _privacy(con, ids)
+        privacy = read_privacy(con, ids, INDEX_CATALOG)
     # keep the caller's run order in every frame (legends, table rows)
     order = {r: i for i, r in enumerate(ids)}
     frames = []
