@@ -77,7 +77,7 @@ def collect(workspace: Path, bits: dict[int, Path]) -> dict:
                         f"{p['partition']['samples_per_client']} samples a client, {p['train']['rounds']} rounds, "
                         f"seed {p['seed']}; audit: {p['audit']['clients']} clients, {p['audit']['public']} public "
                         f"samples, {p['audit']['shadow_models']} shadows x {p['audit']['shadow_epochs']} epochs"),
-            "command": "dvc repro, then bench/privacy_docs.py collect", "rows": rows, "bits_curve": curve,
+            "command": "`.venv/bin/dvc repro`, then `.venv/bin/python bench/privacy_docs.py collect`", "rows": rows, "bits_curve": curve,
             "audit_seconds": round(sum(r["seconds"] or 0 for r in rows), 1)}
 
 
@@ -99,7 +99,7 @@ def section(results: list[dict]) -> str:
     """Each CPU's privacy table, the audit's time, and FedCache's bits curve."""
     parts = []
     for r in results:
-        parts += [f"### {r['cpu']}, {r['date']}", "", f"Setting: {r['setting']}. Command: `{r['command']}`.", "",
+        parts += [f"### {r['cpu']}, {r['date']}", "", f"Setting: {r['setting']}. Made by {r['command']}.", "",
                   format_privacy(r["rows"]), "",
                   "| run | MAUA [95%] | bytes | audit s |", "|---|---|---|---|",
                   *[f"| {row['run']} | {_maua(row)} | {row['bytes_total']:,} | {row['seconds']} |" for row in r["rows"]],

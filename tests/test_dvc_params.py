@@ -147,9 +147,7 @@ def test_an_async_training_stage_reads_only_its_params(workspace, monkeypatch, m
 @pytest.mark.parametrize("method", ["fedcache", "fedavg"])
 def test_the_audit_stage_reads_only_its_params(workspace, monkeypatch, mnist, method):
     _in(workspace, monkeypatch, {"train": {"rounds": 1, "algorithms": [method], "threads": 1},
-                                 method: registry.params_class(method).tiny_setting,
-                                 "audit": {"public": 200, "inverter_epochs": 1, "members": 4, "shadow_models": 2,
-                                           "shadow_epochs": 1}})
+                                 method: registry.params_class(method).tiny_setting})  # the tiny audit budgets
     for stage in ("partition", "encode", "index"):
         if not (workspace / "data/cache").exists():
             _run_stage(monkeypatch, f"flows.{stage}")

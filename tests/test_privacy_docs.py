@@ -13,7 +13,7 @@ ROW = {"run": "fedcache", "method": "fedcache", "psnr": {"mean": 15.5, "low": 14
        "lira_auc": {"mean": 0.59, "low": 0.54, "high": 0.63}, "label_tv": {"mean": 0.0, "low": 0.0, "high": 0.0},
        "uniform_tv": {"mean": 0.41, "low": 0.37, "high": 0.45}, "label_how": "sent by design", "maua": 0.7123,
        "maua_low": 0.69, "maua_high": 0.73, "bytes_total": 1234567, "seconds": 20.5, "summary": "..."}
-RESULT = {"cpu": "Made-up CPU, 2 CPUs", "date": "2026-01-01", "setting": "the default", "command": "dvc repro",
+RESULT = {"cpu": "Made-up CPU, 2 CPUs", "date": "2026-01-01", "setting": "the default", "command": "`dvc repro`",
           "rows": [ROW], "audit_seconds": 20.5,
           "bits_curve": [{"bits": 1024, "maua": 0.71, "maua_low": 0.69, "maua_high": 0.73, "bytes_setup": 256000,
                           "psnr": ROW["psnr"], "ssim": ROW["ssim"], "baseline_psnr": ROW["baseline_psnr"]}]}
