@@ -124,20 +124,21 @@ def test_bad_params_stop_the_stage_with_a_clear_error(repo):
 
 def test_editing_one_algorithms_params_changes_only_its_stage(repo):
     _set_params(repo, **{"fedcache.beta": 1.0})
-    assert _changed_stages(repo) == {"train@fedcache"}  # then the report, which reads every training stage
+    # its training stage and its audit (which reads the method's section: its encodings); then the report
+    assert _changed_stages(repo) == {"train@fedcache", "audit@fedcache"}
 
 
 @pytest.mark.parametrize("edited, stage", [("pipeline/methods/local/method.py", "train@local"),
                                            ("pipeline/methods/fedcache/params.py", "train@fedcache"),
                                            ("pipeline/methods/fedcache/knowledge.py", "train@fedcache")])
 def test_editing_one_methods_code_changes_only_its_training_stage(repo, edited, stage):
-    """A method's folder is a dep of its own training stage(s) only: the data stages and the other
-    methods' stages stay up to date (the report follows once the stage has run)."""
+    """A method's folder is a dep of its own training stage(s) and its audit only (the audit builds the method's
+    models): the data stages and the other methods' stages stay up to date (the report follows once they have run)."""
     path = repo / edited
     before = path.read_text()
     try:
         path.write_text(before + "\n# an edit\n")
-        assert _changed_stages(repo) == {stage}
+        assert _changed_stages(repo) == {stage, stage.replace("train@", "audit@")}
     finally:
         path.write_text(before)
     assert _changed_stages(repo) == set()
@@ -166,7 +167,7 @@ def test_a_damaged_run_file_is_rewritten_by_the_command_its_error_names(repo):
     run_id = json.loads((repo / "results/runs/local/summary.json").read_text())["run_id"]
     [series] = ResultsDB(run_file).series([run_id])  # a readable file again, holding the new run
     assert [r[0] for r in series.rounds] == [0, 1, 2]
-    assert _ran(_run(["dvc", "repro"], repo)) == {"report"}
+    assert _ran(_run(["dvc", "repro"], repo)) == {"audit@local", "report"}  # the new run audited, then reported
     con = duckdb.connect(str(repo / "results/results.duckdb"), read_only=True)
     try:
         assert con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone() == ("finished",)
