@@ -16,7 +16,6 @@ also fits, but at 14 x 14 it would leave only the central 4 x 4 pixels where the
 from __future__ import annotations
 
 import numpy as np
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 SSIM_WINDOW = 7
 # Identical images have infinite PSNR; they score this instead so that a mean over images stays finite
@@ -43,6 +42,9 @@ def psnr_ssim(true: np.ndarray, rec: np.ndarray) -> tuple[np.ndarray, np.ndarray
     `true` and `rec`: [N, H, W] (grey) or [N, H, W, C] (colour), uint8 or float in [0, 1], same shape.
     Returns two float64 arrays of length N.
     """
+    # here, not at the top: scikit-image brings scipy.stats (about 0.9 s), which an audit without images never needs
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
     true, rec = as_unit_images(true), as_unit_images(rec)
     if true.shape != rec.shape:
         raise ValueError(f"true images {true.shape} and reconstructions {rec.shape} differ in shape")
