@@ -58,9 +58,11 @@ def collect(workspace: Path, bits: dict[int, Path]) -> dict:
         if not audit.get("captured", True):
             continue
         m = metrics.get(name, {})
+        kept = workspace / "results/runs" / name / "audit"  # what training kept for the audit (audit.capture)
         rows.append({**privacy_row(name, audit), "maua": m.get("maua"), "maua_low": m.get("maua_low"),
                      "maua_high": m.get("maua_high"), "bytes_total": m.get("bytes_total"),
-                     "seconds": audit.get("seconds"), "summary": audit.get("summary")})
+                     "seconds": audit.get("seconds"), "summary": audit.get("summary"),
+                     "kept_bytes": sum(f.stat().st_size for f in kept.glob("*") if f.is_file())})
     curve = []
     for n, place in sorted({int(params["encode"]["bits"]): workspace, **bits}.items(), reverse=True):
         fedcache = _audits(place).get("fedcache")
@@ -88,6 +90,10 @@ def _pm(v: dict | None, digits: int) -> str:
         else f"{v['mean']:.{digits}f}"
 
 
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1e6:.1f}"
+
+
 def _maua(row: dict) -> str:
     if row.get("maua") is None:
         return "n/a"
@@ -101,8 +107,9 @@ def section(results: list[dict]) -> str:
     for r in results:
         parts += [f"### {r['cpu']}, {r['date']}", "", f"Setting: {r['setting']}. Made by {r['command']}.", "",
                   format_privacy(r["rows"]), "",
-                  "| run | MAUA [95%] | bytes | audit s |", "|---|---|---|---|",
-                  *[f"| {row['run']} | {_maua(row)} | {row['bytes_total']:,} | {row['seconds']} |" for row in r["rows"]],
+                  "| run | MAUA [95%] | bytes | audit s | kept for the audit (MB) |", "|---|---|---|---|---|",
+                  *[f"| {row['run']} | {_maua(row)} | {row['bytes_total']:,} | {row['seconds']} | "
+                    f"{_mb(row.get('kept_bytes'))} |" for row in r["rows"]],
                   "", f"The audit of every method took {r['audit_seconds']} s in all.", ""]
         if r["bits_curve"]:
             parts += ["FedCache's hash bits, a defence: reconstruction from the codes against accuracy (the "
