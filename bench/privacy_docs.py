@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from docs_section import replace_section  # noqa: E402
+from docs_section import replace_section, write_or_check  # noqa: E402
 
 from pipeline.results.privacy import format_privacy, privacy_row  # noqa: E402
 
@@ -143,15 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out}")
         return 0
     text = DOCS.read_text()
-    page = render(text)
-    if args.check:
-        if page != text:
-            print(f"{DOCS} is stale: run .venv/bin/python bench/privacy_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    DOCS.write_text(page)
-    print(f"wrote {DOCS}")
-    return 0
+    return write_or_check(DOCS, text, render(text), args.check, "bench/privacy_docs.py")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # the pipeline, and the sibling bench mod
 
 import official_round  # noqa: E402
 import scaling  # noqa: E402
-from docs_section import replace_section  # noqa: E402
+from docs_section import replace_section, write_or_check  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "speed.md"
@@ -89,15 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when docs/speed.md is stale; write nothing")
     args = ap.parse_args(argv)
     current = DOCS.read_text()
-    fresh = render(current)
-    if args.check:
-        if fresh != current:
-            print("docs/speed.md is stale: run .venv/bin/python bench/speed_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    DOCS.write_text(fresh)
-    print(f"wrote {DOCS.relative_to(ROOT)}")
-    return 0
+    return write_or_check(DOCS, current, render(current), args.check, "bench/speed_docs.py")
 
 
 if __name__ == "__main__":
