@@ -137,3 +137,12 @@ def test_the_shadows_are_trained_once_and_shared_by_the_audits_of_one_architectu
     again = _audited(tiny_workspace, mnist, "local")["membership"]["lira"]
     assert fresh and len(trained) == 2 and again == second  # kept or trained again, the same shadows
     assert first["n_clients"] == second["n_clients"] == 3
+
+
+def test_a_method_without_a_label_mix_estimator_is_said_not_a_crash(tiny_workspace, mnist):
+    """A method added later (a folder and a params section) is audited; its label mix says it has no estimator."""
+    from pipeline.audit import run
+
+    _, params, part = tiny_workspace
+    out = run._label_mix(params, "toy", part, paths.RUNS / "none", {})
+    assert not out["applies"] and "no label-mix estimator for toy" in out["why"]

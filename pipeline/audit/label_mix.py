@@ -71,7 +71,7 @@ from pipeline.federation.averaging import decode_state
 from pipeline.federation.contract import SAMPLE_COUNT
 from pipeline.federation.encoding import decode
 from pipeline.federation.ledger import Payload
-from pipeline.results.intervals import bootstrap_percentile
+from pipeline.results.intervals import mean_interval
 
 SENT = "sent by design"
 PER_CLASS = "from per-class statistics"
@@ -335,12 +335,6 @@ def total_variation(p, q) -> float:
     return 0.5 * float(np.abs(p - q).sum())
 
 
-def _mean_with_interval(values: np.ndarray) -> tuple[float, float, float]:
-    """The mean over clients and its 95% bootstrap interval (over clients)."""
-    low, high = bootstrap_percentile(len(values), lambda idx: values[idx].mean(axis=1))
-    return float(values.mean()), low, high
-
-
 def over_clients(estimates, true_mixes) -> dict:
     """Score a run's estimates (a list, or a dict by client) against the clients' true mixes (same layout).
 
@@ -357,13 +351,13 @@ def over_clients(estimates, true_mixes) -> dict:
     truth = [np.asarray(true_mixes[k], dtype=np.float64) for k in kept]
     uniform = np.array([total_variation(np.full(len(t), 1.0 / len(t)), t) for t in truth])
     out = {"n_clients": len(scored), "hows": sorted({estimates[k].how for k in keys})}
-    out["uniform_tv"], out["uniform_tv_low"], out["uniform_tv_high"] = _mean_with_interval(uniform)
+    out["uniform_tv"], out["uniform_tv_low"], out["uniform_tv_high"] = mean_interval(uniform)
     if not scored:
         return {**out, "tv": None, "tv_low": None, "tv_high": None,
                 "advantage": None, "advantage_low": None, "advantage_high": None}
     tv = np.array([total_variation(estimates[k].mix, t) for k, t in zip(kept, truth)])
-    out["tv"], out["tv_low"], out["tv_high"] = _mean_with_interval(tv)
-    out["advantage"], out["advantage_low"], out["advantage_high"] = _mean_with_interval(uniform - tv)
+    out["tv"], out["tv_low"], out["tv_high"] = mean_interval(tv)
+    out["advantage"], out["advantage_low"], out["advantage_high"] = mean_interval(uniform - tv)
     return out
 
 

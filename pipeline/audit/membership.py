@@ -36,7 +36,7 @@ from torch import nn
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.federation.clients import to_tensor
-from pipeline.results.intervals import bootstrap_percentile
+from pipeline.results.intervals import mean_interval
 from pipeline.seeds import rng
 
 GLOBAL_STD_BELOW = 64  # the paper fits one global std when it has fewer shadow models than this
@@ -211,9 +211,7 @@ def over_clients(per_client: list[dict]) -> dict[str, float | int]:
     n = len(per_client)
     out: dict[str, float | int] = {"n_clients": n}
     for key in ("auc", "tpr_at_1pct_fpr"):
-        values = np.array([c[key] for c in per_client], dtype=np.float64)
-        low, high = bootstrap_percentile(n, lambda idx, v=values: v[idx].mean(axis=-1))
-        out[key], out[f"{key}_low"], out[f"{key}_high"] = float(values.mean()), low, high
+        out[key], out[f"{key}_low"], out[f"{key}_high"] = mean_interval([c[key] for c in per_client])
     return out
 
 

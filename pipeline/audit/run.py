@@ -25,7 +25,7 @@ from pipeline.federation.clients import build_clients, model_name
 from pipeline.federation.ledger import SETUP_ROUND, Payload
 from pipeline.index.encoder import build_encoder, encode
 from pipeline.methods.registry import method_class
-from pipeline.results.intervals import bootstrap_percentile
+from pipeline.results.intervals import mean_interval
 from pipeline.seeds import rng
 from pipeline.train import capture, checkpoint
 
@@ -50,8 +50,8 @@ def _interval(values: np.ndarray) -> dict:
     values = np.asarray(values, dtype=np.float64)
     if len(values) < 2:
         return {"mean": float(values.mean()) if len(values) else None, "low": None, "high": None, "n": len(values)}
-    low, high = bootstrap_percentile(len(values), lambda idx: values[idx].mean(axis=1))
-    return {"mean": float(values.mean()), "low": float(low), "high": float(high), "n": len(values)}
+    mean, low, high = mean_interval(values)
+    return {"mean": mean, "low": low, "high": high, "n": len(values)}
 
 
 def _payloads(records: list[dict], every_label: bool = False) -> list[Payload]:
@@ -118,7 +118,7 @@ def update_as_gradient(params: Params, client, first: dict, down) -> tuple[torch
 
 
 def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
-                        public: np.ndarray, hetero: bool) -> dict:
+                        public: np.ndarray, clients: dict, initial: dict) -> dict:
     """The curious FedAvg server inverts a client's round-1 update: its weight change read as one gradient
     (delta_as_gradient), DLG on a dummy batch of the client's batch size from the model it sent; each recovered
     image scored against the client's training image it is closest to, beside the mean public image so scored."""
@@ -128,11 +128,11 @@ def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageD
     if not up.lossless:
         return {"applies": False, "why": f"{method}.encode_up = {up}: an encoded update is not inverted yet"}
     first = capture.load_uploads(run_dir, 1)
-    clients = prepared_clients(params, method, part, ds, hetero)
     rows: dict[str, list[float]] = {"psnr": [], "ssim": [], "baseline_psnr": [], "baseline_ssim": []}
     mean_image = ds.train_x[public].astype(np.float64).mean(axis=0)[None] / 255.0
     for k in sorted(first["uploads"])[: a.dlg_clients]:
         client = clients[k]
+        client.model.load_state_dict(initial[k])  # as the client started; the server's download goes over it
         model, grads = update_as_gradient(params, client, first, down)
         batch = min(t.batch_size, client.num_train)
         found = gradient_inversion.dlg(model.train(), grads, None, (batch, *client.x_train.shape[1:]),
@@ -148,12 +148,12 @@ def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageD
 
 
 def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
-                    public: np.ndarray, hetero: bool) -> dict:
+                    public: np.ndarray, clients: dict, initial: dict) -> dict:
     if method in CODE_METHODS:
         setup = capture.load_uploads(run_dir, SETUP_ROUND)["uploads"]
         return _code_inversion(params, part, ds, setup, public)
     if method in GRADIENT_METHODS:
-        return _gradient_inversion(params, method, part, ds, run_dir, public, hetero)
+        return _gradient_inversion(params, method, part, ds, run_dir, public, clients, initial)
     return {"applies": False, "why": "not audited yet for this method's uploads (issue 40: gradient inversion of "
                                      "MTFL, pFedMe and FedAlt, and feature inversion of FedDKC and FedICT come next)"}
 
@@ -161,12 +161,12 @@ def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDatas
 # -- membership -----------------------------------------------------------------------------------------------------
 
 
-def _membership(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path, hetero: bool,
-                public: np.ndarray) -> dict:
+def _membership(params: Params, part: Partition, ds: ImageDataset, run_dir: Path, hetero: bool,
+                public: np.ndarray, clients: dict) -> dict:
     """A third party holding a client's final model: loss threshold (Yeom et al.) and offline LiRA (shadows trained
     on public data by the clients' own optimiser settings) on its members against same-mix non-members."""
     a = params.audit
-    models = final_models(params, method, part, ds, run_dir, hetero)
+    models = final_models(clients, run_dir)
     candidates = {k: membership.membership_candidates(ds, part, k, public, params.seed, max_members=a.members)
                   for k in models}
     # the shadows' data: public samples no client's candidates use (offline LiRA: every candidate is OUT)
@@ -224,12 +224,10 @@ def _shadows(params: Params, target: torch.nn.Module, ds: ImageDataset, pool: np
         return shadows
 
 
-def final_models(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
-                 hetero: bool) -> dict[int, torch.nn.Module]:
-    """The audited clients' final models, built as training built them (the method shapes its model: FedAlt's
-    multi-exit network, FedProto's adapter) and loaded with the weights the run kept."""
+def final_models(clients: dict, run_dir: Path) -> dict[int, torch.nn.Module]:
+    """The audited clients' final models: their models as training built them (`prepared_clients`) loaded with the
+    weights the run kept."""
     states = capture.load_models(run_dir)
-    clients = prepared_clients(params, method, part, ds, hetero)
     out = {}
     for k, state in sorted(states.items()):
         clients[k].model.load_state_dict(state)
@@ -260,21 +258,21 @@ def _fresh(model: torch.nn.Module) -> torch.nn.Module:
 # -- label mix ------------------------------------------------------------------------------------------------------
 
 
-def _label_mix(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path, hetero: bool) -> dict:
+def _label_mix(params: Params, method: str, part: Partition, run_dir: Path, initial: dict) -> dict:
     """What the server estimates of each audited client's class mix from its uploads (the set-up and round 1; a
     model upload read against the model the client started the round from, which the server knows)."""
+    if method not in label_mix.ESTIMATORS:  # a method added since: audited once its uploads have an estimator
+        return {"applies": False, "why": f"no label-mix estimator for {method}'s uploads yet (pipeline/audit/label_mix.py)"}
     setup, first = (capture.load_uploads(run_dir, r) for r in (SETUP_ROUND, 1))
     section = getattr(params, method, None)
     down = parse_encoding(getattr(section, "encode_down", "float32"))
-    starts = {k: c.model.state_dict() for k, c in prepared_clients(params, method, part, ds, hetero).items()
-              if k in first["uploads"]}
     estimates, truths = {}, {}
     for k in sorted(first["uploads"]):
         uploads = _payloads(setup["uploads"].get(k, []), every_label=True) + _payloads(first["uploads"][k], True)
         # what the server knows besides the uploads: the encoding and the params (the step size a model update
         # is read with), and, for a model upload, the model the client started round 1 from
         context = {"encode_up": getattr(section, "encode_up", "float32"), "params": params,
-                   "base": _round_start(starts[k], _payloads(first["downloads"].get(k, [])), down)}
+                   "base": _round_start(initial[k], _payloads(first["downloads"].get(k, [])), down)}
         estimates[k] = label_mix.estimate_mix(method, uploads, part.num_classes, context)
         lo, hi = part.train_offsets[k], part.train_offsets[k + 1]
         truths[k] = label_mix.mix_of_labels(part.train_labels[lo:hi], part.num_classes)
@@ -306,10 +304,12 @@ def audit_run(params: Params, method: str, part: Partition, ds: ImageDataset, ru
     """Every attack that applies to the run's method; a short `summary` line for the log."""
     a = params.audit
     public = public_index(part, len(ds.train_y), a.public, params.seed)
+    clients = prepared_clients(params, method, part, ds, hetero)  # built once: each attack loads what it reads
+    initial = {k: {n: t.detach().clone() for n, t in c.model.state_dict().items()} for k, c in clients.items()}
     result = {"run": run_dir.name, "method": method, "public_samples": int(len(public)),
-              "reconstruction": _reconstruction(params, method, part, ds, run_dir, public, hetero),
-              "membership": _membership(params, method, part, ds, run_dir, hetero, public),
-              "label_mix": _label_mix(params, method, part, ds, run_dir, hetero)}
+              "label_mix": _label_mix(params, method, part, run_dir, initial),
+              "reconstruction": _reconstruction(params, method, part, ds, run_dir, public, clients, initial),
+              "membership": _membership(params, part, ds, run_dir, hetero, public, clients)}
     result["summary"] = summary_line(result)
     return result
 

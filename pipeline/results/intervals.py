@@ -120,6 +120,14 @@ def bootstrap_percentile(n: int, statistic) -> tuple[float, float]:
     return float(low), float(high)
 
 
+def mean_interval(values) -> tuple[float, float, float]:
+    """(mean, low, high): the mean over clients of one figure each, with its 95% percentile-bootstrap interval over
+    clients (the privacy audit's figures)."""
+    values = np.asarray(values, dtype=np.float64)
+    low, high = bootstrap_percentile(len(values), lambda idx: values[idx].mean(axis=-1))
+    return float(values.mean()), low, high
+
+
 def t_interval(values: list[float]) -> tuple[float, float]:
     from scipy.stats import t
 
