@@ -18,7 +18,7 @@ import flows  # noqa: F401
 from prefect import flow
 
 from pipeline import paths
-from pipeline.audit.run import audit_run, audit_file
+from pipeline.audit.run import audit_run
 from pipeline.config import load_params
 from pipeline.data.datasets import load_dataset
 from pipeline.data.partition import Partition
@@ -40,7 +40,7 @@ def audit_flow(algorithm: str, params_file: str = "params.yaml", hetero: bool = 
     result["run_id"] = json.loads(summary.read_text())["run_id"] if summary.is_file() else None
     result["figures"] = figures(paths.run_name(algorithm, hetero), result)  # the results index's privacy rows
     result["seconds"] = round(time.perf_counter() - start, 2)
-    out = audit_file(algorithm, hetero)
+    out = paths.audit_file(algorithm, hetero)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"audit {paths.run_name(algorithm, hetero)}: {result['summary']} ({result['seconds']:.1f} s) -> {out}")

@@ -13,6 +13,7 @@ RESULTS_DB = RESULTS / "results.duckdb"  # the index of every run's rows, rebuil
 RUNS = RESULTS / "runs"  # results/runs/<algorithm>/: run.duckdb, summary.json (+ the run's cache DB copy)
 RUN_RESULTS = "run.duckdb"  # a training stage's own rows, in its run directory
 CHECKPOINTS = RESULTS / "checkpoints"  # results/checkpoints/<algorithm>.pt (kept across dvc's output cleanup)
+AUDITS = RESULTS / "audit"  # results/audit/<name>/audit.json: each run's privacy audit (flows/audit.py)
 METRICS = RESULTS / "metrics.json"
 REPORT_DIR = RESULTS / "report"
 
@@ -38,6 +39,11 @@ def stage_of_run(name: str) -> str:
     """The DVC stage of a run directory's name (see run_name)."""
     hetero = name.endswith("-hetero")
     return stage(name[: -len("-hetero")] if hetero else name, hetero)
+
+
+def audit_file(algorithm: str, hetero: bool = False) -> Path:
+    """The audit of a run (stage audit@<algorithm>)."""
+    return AUDITS / run_name(algorithm, hetero) / "audit.json"
 
 
 def checkpoint_path(algorithm: str, hetero: bool = False) -> Path:

@@ -29,13 +29,8 @@ from pipeline.results.intervals import mean_interval
 from pipeline.seeds import rng
 from pipeline.train import capture, checkpoint
 
-AUDIT = paths.RESULTS / "audit"
 CODE_METHODS = ("fedcache",)  # the server holds every sample's code: the code-inversion attack applies
 GRADIENT_METHODS = ("fedavg",)  # the server holds the client's whole model after its update: gradient inversion
-
-
-def audit_file(algorithm: str, hetero: bool = False) -> Path:
-    return AUDIT / paths.run_name(algorithm, hetero) / "audit.json"
 
 
 def public_index(part: Partition, dataset_size: int, limit: int, seed: int) -> np.ndarray:

@@ -4,23 +4,18 @@ one row a run, each figure with its 95% interval over the audited clients (docs/
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-AUDIT = Path("results/audit")
+from pipeline import paths
 
 # each audited run's figures, each {"mean", "low", "high"}: metrics.json's "privacy" and the index's privacy table
 METRICS = ("psnr", "ssim", "baseline_psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv", "uniform_tv")
-
-
-def audit_path(run_name: str) -> Path:
-    return AUDIT / run_name / "audit.json"
 
 
 def read_audits(run_names: list[str]) -> dict[str, dict]:
     """run name -> its audit, for the runs that have one (an unaudited run: audit.capture off, or no audit stage)."""
     out = {}
     for name in run_names:
-        path = audit_path(name)
+        path = paths.AUDITS / name / "audit.json"
         if path.is_file():
             audit = json.loads(path.read_text())
             if audit.get("captured", True):
