@@ -57,6 +57,25 @@ def test_fedcache_keeps_seeded_rows_of_its_hashes_and_logits_and_the_final_model
             assert torch.equal(models[k][name], t)
 
 
+def test_feddkc_keeps_the_same_samples_rows_of_its_features_logits_and_labels(tiny_workspace, mnist):
+    """A GKT upload sends a row per feature map (16 a sample) beside a row of logits and a label per sample: the kept
+    rows are whole samples, and their places among the client's training samples (no sample ids travel)."""
+    from pipeline.federation.gkt import stem_features_and_logits
+
+    _, params, part = tiny_workspace
+    trainer = _run(params, part, mnist, "feddkc", "dkc", clients=2, rows=5)
+    last = max(int(p.stem.removeprefix("uploads-r")) for p in (paths.RUNS / "dkc" / "audit").glob("uploads-r*.pt"))
+    for k in trainer.sim.capture.clients:
+        [up] = capture.load_uploads(paths.RUNS / "dkc", last)["uploads"][k]
+        arrays, client = up["arrays"], trainer.clients[k]
+        pos = arrays["positions"]
+        assert len(pos) == len(set(pos.tolist())) == 5 and arrays["features"].shape[0] == 5 * 16
+        assert arrays["labels"].tolist() == client.y_train[pos].tolist()
+        feats, logits = stem_features_and_logits(client.model, client.x_train[pos], 64)  # its final model: the last
+        torch.testing.assert_close(torch.as_tensor(arrays["features"]), feats.flatten(2).flatten(0, 1))  # round's
+        torch.testing.assert_close(torch.as_tensor(arrays["logits"]), logits)
+
+
 def test_a_model_upload_is_kept_whole(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     trainer = _run(params, part, mnist, "fedavg", "avg", clients=3, rows=1)

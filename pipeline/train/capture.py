@@ -6,8 +6,10 @@ attacks what a server really held rather than what the code could have sent:
     the first and the last round, as sent (encoded; the audit decodes as the server does), and what the server sent
     them in those rounds (the server knows what it sent: a model update is read against it). A per-sample payload
     (one with `sample_ids` or `labels`: FedCache's hashes and logits, FedDKC/FedICT's features) keeps `audit.rows`
-    seeded rows of each client, kind and round (and every label it carried, as `all_labels`: what the server
-    learns of the class mix); anything else (a model, per-class statistics) is kept whole;
+    seeded samples of each client, kind and round (each array cut to their rows: a row per sample, or several, as
+    GKT's features send a row per feature map; without sample ids, the kept samples' places among the client's
+    rows of that kind, as `positions`; and every label it carried, as `all_labels`: what the server learns of the
+    class mix); anything else (a model, per-class statistics) is kept whole;
   - those clients' final models (what a third party holding a client's model has), at the end of the run.
 Payloads sent client to client (pDFL) never reach the server and are not kept.
 
@@ -53,6 +55,15 @@ def _rows(payload: Payload) -> int | None:
 
 def _as_numpy(array) -> np.ndarray:
     return array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+
+
+def _cut(array: np.ndarray, n: int, keep: np.ndarray) -> np.ndarray:
+    """The kept samples' rows of one array of a per-sample payload of n samples: a row per sample, or m rows per
+    sample in sample order (GKT's features travel a row per feature map: n x channels rows); anything else whole."""
+    if not array.ndim or not n or len(array) % n:
+        return array
+    per_sample = len(array) // n
+    return array.reshape(n, per_sample, *array.shape[1:])[keep].reshape(-1, *array.shape[1:])
 
 
 class Capture:
@@ -105,7 +116,9 @@ class Capture:
                 if not len(keep):
                     continue
                 labels = arrays.get("labels")
-                arrays = {name: a[keep] if a.ndim and len(a) == n else a for name, a in arrays.items()}
+                arrays = {name: _cut(a, n, keep) for name, a in arrays.items()}
+                if "sample_ids" not in arrays:  # which samples the kept rows are: their places among the client's
+                    arrays["positions"] = keep + start  # rows of that kind in the round (GKT: its training samples)
                 if labels is not None:  # every label the server got (the label-mix audit): 8 bytes a sample
                     arrays["all_labels"] = labels
             out.append({"kind": p.kind, "arrays": arrays})
