@@ -9,8 +9,10 @@ which DLG only has to find the image.
 
 The attacker is the honest-but-curious server of FedAvg, MTFL, FedAlt or pFedMe. It knows the model it
 sent (its architecture and weights at the round's start), the loss the clients train with
-(cross-entropy), the input shape and scaling (pipeline.federation.clients.to_tensor: [-1, 1]), and the
-client's batch size; it receives the client's new weights. It does not see data, labels or the client's
+(cross-entropy, or the method's own: `dlg`'s `loss`), the input shape and scaling
+(pipeline.federation.clients.to_tensor: [-1, 1]), and the client's batch size; it receives the client's
+new weights, or only some of them (MTFL keeps its BatchNorm layers: `dlg`'s `match` names the tensors whose
+gradients the server holds, and only those are matched). It does not see data, labels or the client's
 random state.
 
 What the server sees is not a gradient: a client runs several local SGD steps, and the upload is its
@@ -24,7 +26,7 @@ local steps) could.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +89,38 @@ def delta_as_gradient(delta: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]
     return [one(change) for change in delta]
 
 
+def pfedme_delta_as_gradient(delta: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor], *,
+                              personal_lr: float, lambda_: float, mu: float, eta: float, K: int,
+                              batches: int) -> dict[str, torch.Tensor]:
+    """pFedMe's change of its local copy w over a round (new - old), read as one gradient of cross-entropy.
+
+    pFedMe's client (Dinh et al., NeurIPS 2020; pipeline/methods/pfedme/method.py) does not upload SGD steps
+    on its loss: per batch it takes K steps on its personal model theta,
+        theta <- theta - personal_lr * (g + lambda * (theta - w) + mu * theta),
+    then moves w once, w <- w - eta * lambda * (w - theta), and uploads w; theta and w start the round at the
+    model the server sent, w_0. Under the same approximation as `delta_as_gradient` (every step took the same
+    gradient g), each coordinate's final w is linear in (w_0, g): w_N = A * w_0 + B * g, with scalars A and B
+    that follow from running those two updates on the coefficients (they depend only on the params and the
+    number of batches, all known to the server). So g = (w_N - A * w_0) / B, i.e. (delta - (A - 1) * w_0) / B.
+    Exact for one batch with K = 1 (theta's one step takes the gradient at w_0, where the prox term is 0:
+    w_1 = w_0 - eta * lambda * personal_lr * (g + mu * w_0)); with K > 1 or several batches theta moves and
+    its later gradients differ, and the reading is the constant-gradient approximation. Float entries only.
+    """
+    if min(personal_lr, lambda_, eta) <= 0 or mu < 0 or K < 1 or batches < 1:
+        raise ValueError("need personal_lr, lambda, eta > 0, mu >= 0, K >= 1 and batches >= 1")
+    # coefficients (of w_0, of g) of w and theta, run through the round
+    w, theta = (1.0, 0.0), (1.0, 0.0)
+    for _ in range(batches):
+        for _ in range(K):
+            theta = tuple(t - personal_lr * (lambda_ * (t - v) + mu * t) for t, v in zip(theta, w))
+            theta = (theta[0], theta[1] - personal_lr)
+        w = tuple(v - eta * lambda_ * (v - t) for v, t in zip(w, theta))
+    a, b = w
+    return {name: ((torch.as_tensor(change).detach().double() - (a - 1.0) * torch.as_tensor(start[name]).double())
+                   / b).float()
+            for name, change in delta.items() if torch.as_tensor(change).is_floating_point()}
+
+
 # --- DLG: optimise a dummy image until its gradient matches ------------------------------------------
 
 @dataclass
@@ -97,13 +131,18 @@ class DLGResult:
     inputs: torch.Tensor  # [B, C, H, W]: the recovered images as model inputs
 
 
-def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+def _trainable(model: nn.Module, match: Collection[str] | None = None) -> list[tuple[str, nn.Parameter]]:
+    """The parameters whose gradients are matched: every trainable one, or those `match` names."""
+    if match is not None:
+        unknown = set(match) - {name for name, _ in model.named_parameters()}
+        if unknown or not match:
+            raise KeyError(f"match must name some of the model's parameters; unknown: {sorted(unknown)[:5]}")
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad and (match is None or name in match)]
 
 
-def _aligned_targets(model: nn.Module, target_grads) -> list[torch.Tensor]:
-    """The target gradients in the order of the model's trainable parameters."""
-    params = _trainable(model)
+def _aligned_targets(model: nn.Module, target_grads, match: Collection[str] | None = None) -> list[torch.Tensor]:
+    """The target gradients in the order of the matched parameters."""
+    params = _trainable(model, match)
     if isinstance(target_grads, Mapping):
         missing = [name for name, _ in params if name not in target_grads]
         if missing:
@@ -122,12 +161,21 @@ def _aligned_targets(model: nn.Module, target_grads) -> list[torch.Tensor]:
     return out
 
 
-def model_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
-    """The gradient of mean cross-entropy on (inputs, labels), per trainable parameter: what one client
-    step on that batch sends, the target DLG matches (also how tests plant a leak)."""
-    params = [p for _, p in _trainable(model)]
-    loss = F.cross_entropy(model(inputs), labels)
-    return [g.detach() for g in torch.autograd.grad(loss, params)]
+Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The clients' loss of FedAvg, MTFL and pFedMe (whose prox term is 0 at the model the server sent): mean
+    cross-entropy toward hard labels [B] or soft ones [B, C] (DLG's dummies; F.cross_entropy takes both)."""
+    return F.cross_entropy(model(inputs), targets)
+
+
+def model_gradient(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: Loss = cross_entropy_loss,
+                   match: Collection[str] | None = None) -> list[torch.Tensor]:
+    """The gradient of the mean loss on (inputs, labels), per trainable parameter (or those `match` names): what
+    one client step on that batch sends, the target DLG matches (also how tests plant a leak)."""
+    params = [p for _, p in _trainable(model, match)]
+    return [g.detach() for g in torch.autograd.grad(loss(model, inputs, labels), params)]
 
 
 def to_unit_images(inputs: torch.Tensor, input_range: tuple[float, float] = MODEL_INPUT_RANGE) -> np.ndarray:
@@ -140,7 +188,8 @@ def to_unit_images(inputs: torch.Tensor, input_range: tuple[float, float] = MODE
 
 def dlg(model: nn.Module, target_grads, label: int | Sequence[int] | None, image_shape: Sequence[int],
         steps: int = 300, seed: int = 0, lr: float = 1.0, optimizer: str = "lbfgs",
-        input_range: tuple[float, float] = MODEL_INPUT_RANGE) -> DLGResult:
+        input_range: tuple[float, float] = MODEL_INPUT_RANGE, loss: Loss = cross_entropy_loss,
+        match: Collection[str] | None = None) -> DLGResult:
     """Recover the batch behind `target_grads` (DLG; iDLG when `label` is given).
 
     `model`: the model as the server sent it (its mode as the client trained it: BatchNorm in train mode
@@ -150,13 +199,16 @@ def dlg(model: nn.Module, target_grads, label: int | Sequence[int] | None, image
     e.g. from `infer_label_idlg`), or None to optimise a dummy soft label per image as DLG does.
     `image_shape`: the batch's input shape [B, C, H, W]. `steps` optimiser steps: L-BFGS as in DLG, each
     step up to 20 evaluations, but with a strong-Wolfe line search (DLG's fixed step diverged on one of
-    five seeds we tried); or "adam". The attack runs on a copy: the model's weights and buffers are untouched.
+    five seeds we tried); or "adam". `loss(model, inputs, targets)`: the clients' mean loss, targets hard labels
+    or soft ones [B, C] (default: cross-entropy). `match`: the parameter names whose gradients the server holds
+    (default: every trainable one); only those are matched, the others stay as sent.
+    The attack runs on a copy: the model's weights and buffers are untouched.
     """
     if len(image_shape) != 4:
         raise ValueError(f"image_shape must be [B, C, H, W], got {tuple(image_shape)}")
     model = copy.deepcopy(model)  # a forward in train mode would move BatchNorm's running statistics
-    params = [p for _, p in _trainable(model)]
-    targets = _aligned_targets(model, target_grads)
+    params = [p for _, p in _trainable(model, match)]
+    targets = _aligned_targets(model, target_grads, match)
     device = params[0].device
     gen = torch.Generator().manual_seed(seed)
     dummy = torch.randn(tuple(image_shape), generator=gen).to(device).requires_grad_(True)
@@ -173,12 +225,8 @@ def dlg(model: nn.Module, target_grads, label: int | Sequence[int] | None, image
         variables = [dummy]
 
     def gradient_distance() -> torch.Tensor:
-        logits = model(dummy)
-        if label is None:
-            loss = -(F.softmax(dummy_label, dim=1) * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
-        else:
-            loss = F.cross_entropy(logits, hard)
-        grads = torch.autograd.grad(loss, params, create_graph=True)
+        value = loss(model, dummy, F.softmax(dummy_label, dim=1) if label is None else hard)
+        grads = torch.autograd.grad(value, params, create_graph=True)
         return sum(((g - t) ** 2).sum() for g, t in zip(grads, targets))
 
     if optimizer == "lbfgs":
