@@ -140,6 +140,11 @@ def load_uploads(run_dir: Path, round_: int) -> dict:
     return checkpoint.read(uploads_file(run_dir, round_), FIX)
 
 
+def captured_rounds(run_dir: Path) -> list[int]:
+    """The rounds whose uploads the run kept (the set-up, round 1 and the last round), in order."""
+    return sorted(int(f.stem.removeprefix("uploads-r")) for f in (Path(run_dir) / AUDIT_DIR).glob("uploads-r*.pt"))
+
+
 def load_models(run_dir: Path) -> dict[int, dict[str, torch.Tensor]]:
     """client -> final state_dict, of the audited clients."""
     return checkpoint.read(models_file(run_dir), FIX)["clients"]
