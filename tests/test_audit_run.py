@@ -77,30 +77,51 @@ def test_the_public_samples_are_used_by_no_client_and_no_split(tiny_workspace, m
             public_index(part, len(mnist.train_y), 50, params.seed)).all()
 
 
-def test_the_update_the_server_inverts_is_the_clients_true_gradient(tiny_workspace, mnist, float64):
-    """One local step of plain SGD on the whole client (batch = its samples, no momentum, no weight decay): the
-    round-1 update read as one gradient must be the gradient of the client's loss at the model the server sent.
-    A sign, a wrong starting model or a wrong step count in the wiring fails it. In float64: an equivalence, whatever
-    the CPU."""
+@pytest.mark.parametrize("method, round_", [("fedavg", 2), ("pfedme", 2), ("mtfl", 1), ("fedalt", 1)])
+def test_the_update_the_server_inverts_is_the_clients_true_gradient(tiny_workspace, mnist, float64, method, round_):
+    """One local step of plain SGD on the whole client (batch = its samples, no momentum, no weight decay; pFedMe:
+    one personal step, K = 1): the update read as one gradient must be the gradient of the client's loss (FedAlt's:
+    its multi-exit loss) at the model the server knows, for the tensors the server holds (MTFL: the shared ones,
+    not the BatchNorm). A sign, a wrong starting model, a wrong step count or a wrong pFedMe coefficient in the
+    wiring fails it. In float64: an equivalence, whatever the CPU. Round 2 (the model sent is the average of round
+    1, no client's initial model) where the server knows the whole model it sent; round 1 for MTFL's private
+    BatchNorm and FedAlt's unsent blocks, which the server knows as they start (the round the audit reads)."""
     import torch
 
     from pipeline.audit.gradient_inversion import model_gradient
-    from pipeline.audit.run import prepared_clients, update_as_gradient
+    from pipeline.audit.run import client_loss, prepared_clients, update_as_gradient
     from pipeline.encoding_spec import parse
+    from pipeline.methods.mtfl.method import private_names
     from pipeline.train import capture
 
     _, params, part = tiny_workspace
     params = with_section(params, "train", batch_size=64, momentum=0.0, weight_decay=0.0, rounds=2)
-    trainer_for(params, part, mnist, "fedavg", "one-step").run()
-    # round 2 (captured as the last): the model sent is the average of round 1, no client's initial model
-    first = capture.load_uploads(paths.RUNS / "one-step", 2)
-    [k, *_] = sorted(first["uploads"])
-    client = prepared_clients(params, "fedavg", part, mnist, False)[k]
+    if method == "pfedme":
+        params = with_section(params, "pfedme", K=1)
+    trainer_for(params, part, mnist, method, "one-step").run()
+    kept = capture.load_uploads(paths.RUNS / "one-step", round_)
+    [k, *_] = sorted(kept["uploads"])
+    client = prepared_clients(params, method, part, mnist, False)[k]
     assert client.num_train <= 64  # one step
-    model, grads = update_as_gradient(params, client, first, parse("float32"))
-    true = model_gradient(model.train(), client.x_train, client.y_train)
-    for (name, _), g in zip(model.named_parameters(), true):
+    model, grads = update_as_gradient(params, client, kept, parse("float32"), method)
+    held = {n for n, _ in model.named_parameters()} - (private_names(model) if method == "mtfl" else set())
+    assert set(grads) == held
+    true = model_gradient(model.train(), client.x_train, client.y_train, client_loss(params, method), held)
+    for name, g in zip([n for n, _ in model.named_parameters() if n in held], true):
         torch.testing.assert_close(grads[name], g.float(), rtol=1e-5, atol=1e-7, msg=name)
+
+
+NEW_ATTACKS = {"mtfl": "gradient", "pfedme": "gradient", "fedalt": "gradient", "feddkc": "feature", "fedict": "feature"}
+
+
+@pytest.mark.slow  # trains a tiny run and audits it (DLG or an inverter a client)
+@pytest.mark.parametrize("method", sorted(NEW_ATTACKS))
+def test_each_methods_reconstruction_attack_applies_with_intervals(tiny_workspace, mnist, method):
+    rec = _audited(tiny_workspace, mnist, method)["reconstruction"]
+    assert rec["applies"] and rec["attack"].startswith(NEW_ATTACKS[method]) and rec["clients"] == 2
+    for name in ("psnr", "ssim", "baseline_psnr", "baseline_ssim"):
+        assert rec[name]["n"] == 2 and rec[name]["low"] <= rec[name]["mean"] <= rec[name]["high"], (name, rec[name])
+    assert 0 < rec["psnr"]["mean"] < 60 and 0 < rec["baseline_psnr"]["mean"] < 60
 
 
 def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_audit(tiny_workspace, mnist):

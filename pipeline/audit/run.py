@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pipeline import paths
-from pipeline.audit import gradient_inversion, label_mix, membership, reconstruction
+from pipeline.audit import feature_inversion, gradient_inversion, label_mix, membership, reconstruction
 from pipeline.audit.image_scores import psnr_ssim
 from pipeline.config import Params
 from pipeline.data.datasets import ImageDataset
@@ -30,7 +30,12 @@ from pipeline.seeds import rng
 from pipeline.train import capture, checkpoint
 
 CODE_METHODS = ("fedcache",)  # the server holds every sample's code: the code-inversion attack applies
-GRADIENT_METHODS = ("fedavg",)  # the server holds the client's whole model after its update: gradient inversion
+# the server holds the client's model (MTFL: its shared tensors) after its update: gradient inversion
+GRADIENT_METHODS = ("fedavg", "mtfl", "pfedme", "fedalt")
+FEATURE_METHODS = ("feddkc", "fedict")  # the server holds per-sample stem features: feature inversion
+# clients whose last-round features are inverted (an inverter each, trained on that client's own final stem: about
+# a minute a client at 28 x 28 on 2 busy cores); a constant until the audit section has its own param
+FEATURE_CLIENTS = 2
 
 
 def public_index(part: Partition, dataset_size: int, limit: int, seed: int) -> np.ndarray:
@@ -99,24 +104,52 @@ def _best_match(recovered: np.ndarray, images: np.ndarray) -> tuple[np.ndarray, 
     return best_psnr, best_ssim
 
 
-def update_as_gradient(params: Params, client, first: dict, down) -> tuple[torch.nn.Module, dict]:
-    """(the model the server sent the client for round 1, the client's round-1 update read as one gradient of it):
-    what the server holds, the weight change over the round's local SGD steps divided by their effective step."""
+def update_as_gradient(params: Params, client, first: dict, down, method: str = "fedavg"
+                       ) -> tuple[torch.nn.Module, dict]:
+    """(the model the client started round 1 from, as the server knows it; the client's round-1 update read as
+    one gradient of it, for the tensors the server holds): the weight change over the round's local steps divided
+    by their effective step.
+
+    What the server knows, per method. FedAvg, pFedMe: the whole model it sent. MTFL: the shared tensors it sent;
+    the client's BatchNorm stays private, and in round 1 it is the client's initial BatchNorm (every client's model
+    is built from the seed, as the server can build it); the upload carries the shared tensors only, so only those
+    have a gradient here. FedAlt: the first m_k blocks it sent over the client's other blocks, which in round 1
+    are the initial global model's (all clients start from it); the client uploads all its blocks. The reading:
+    FedAvg, MTFL, FedAlt run the train section's SGD with a fresh momentum in round 1 (`delta_as_gradient`);
+    pFedMe's w moves by its own rule (`pfedme_delta_as_gradient`, derived there).
+    """
     t = params.train
     model = client.model
     model.load_state_dict(_round_start(model.state_dict(), _payloads(first["downloads"][client.id]), down))
     sent = {n: v.detach().clone() for n, v in model.state_dict().items()}
-    [upload] = [p for p in _payloads(first["uploads"][client.id]) if p.kind == "params"]
-    delta = {n: upload.arrays[n] - sent[n] for n, _ in model.named_parameters()}
-    steps = -(-client.num_train // t.batch_size) * t.local_epochs
-    return model, gradient_inversion.delta_as_gradient(delta, t.lr, steps, t.momentum)
+    uploaded = {n: a for p in _payloads(first["uploads"][client.id]) if _is_model(p.kind) for n, a in p.arrays.items()}
+    delta = {n: uploaded[n] - sent[n] for n, _ in model.named_parameters() if n in uploaded}
+    batches = -(-client.num_train // t.batch_size) * t.local_epochs
+    if method == "pfedme":
+        p = params.pfedme
+        return model, gradient_inversion.pfedme_delta_as_gradient(
+            delta, sent, personal_lr=p.personal_lr, lambda_=p.lambda_, mu=p.mu, eta=p.eta, K=p.K, batches=batches)
+    return model, gradient_inversion.delta_as_gradient(delta, t.lr, batches, t.momentum)
+
+
+def client_loss(params: Params, method: str):
+    """The loss a method's clients take their round-1 steps on, as DLG's `loss` (targets hard or soft labels):
+    cross-entropy, or FedAlt's CE on every exit with block-level self-distillation (its round-1 weight)."""
+    if method != "fedalt":
+        return gradient_inversion.cross_entropy_loss
+    from pipeline.methods.fedalt.method import distill_weight, fedalt_loss_rows
+
+    cfg = params.fedalt
+    lam = distill_weight(cfg, 1)
+    return lambda model, x, y: fedalt_loss_rows(model.forward_all(x), y, lam, cfg.T, cfg.distill == "two_way").mean()
 
 
 def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
                         public: np.ndarray, clients: dict, initial: dict) -> dict:
-    """The curious FedAvg server inverts a client's round-1 update: its weight change read as one gradient
-    (delta_as_gradient), DLG on a dummy batch of the client's batch size from the model it sent; each recovered
-    image scored against the client's training image it is closest to, beside the mean public image so scored."""
+    """The curious server (FedAvg, MTFL, pFedMe, FedAlt) inverts a client's round-1 update: its weight change read
+    as one gradient (update_as_gradient), DLG on a dummy batch of the client's batch size from the model it knows,
+    under the method's loss, matching the gradients of the tensors the client uploaded; each recovered image scored
+    against the client's training image it is closest to, beside the mean public image so scored."""
     a, t = params.audit, params.train
     section = getattr(params, method)
     up, down = (parse_encoding(getattr(section, key, "float32")) for key in ("encode_up", "encode_down"))
@@ -128,10 +161,11 @@ def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageD
     for k in sorted(first["uploads"])[: a.dlg_clients]:
         client = clients[k]
         client.model.load_state_dict(initial[k])  # as the client started; the server's download goes over it
-        model, grads = update_as_gradient(params, client, first, down)
+        model, grads = update_as_gradient(params, client, first, down, method)
         batch = min(t.batch_size, client.num_train)
         found = gradient_inversion.dlg(model.train(), grads, None, (batch, *client.x_train.shape[1:]),
-                                       steps=a.dlg_steps, seed=params.seed, lr=0.1, optimizer="adam")
+                                       steps=a.dlg_steps, seed=params.seed, lr=0.1, optimizer="adam",
+                                       loss=client_loss(params, method), match=set(grads))
         images = ds.train_x[part.client_train(k)]
         for prefix, recovered in (("", found.images), ("baseline_", mean_image.astype(np.float32))):
             psnr, ssim = _best_match(recovered, images)
@@ -139,6 +173,62 @@ def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageD
             rows[prefix + "ssim"].append(float(ssim.mean()))
     return {"applies": True, "attack": "gradient inversion (DLG on the round-1 update read as one gradient)",
             "clients": len(rows["psnr"]), "batch": t.batch_size, "dlg_steps": a.dlg_steps,
+            **({"approximate": APPROXIMATE[method]} if method in APPROXIMATE else {}),
+            **{name: _interval(np.array(v)) for name, v in rows.items()}}
+
+
+APPROXIMATE = {  # where the update read as one gradient rests on more than FedAvg's constant-gradient reading
+    "mtfl": "only the shared tensors' gradients are matched (the BatchNorm stays the client's); the server uses the "
+            "client's initial BatchNorm, which is the one it trained from in round 1",
+    "pfedme": "w moves by pFedMe's rule (K personal steps per batch, then w toward theta), read back under the "
+              "constant-gradient approximation (exact for one batch with K = 1)",
+    "fedalt": "DLG matches the gradient of FedAlt's multi-exit loss with self-distillation, not cross-entropy alone",
+}
+
+
+def _feature_inversion(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
+                       public: np.ndarray, clients: dict) -> dict:
+    """The curious FedDKC / FedICT server, colluding with the holder of a client's final model, inverts the stem
+    features the client uploaded in the last round (pipeline/audit/feature_inversion.py): an inverter trained on
+    that model's stem run on public images, decoded as the server decodes uploads; PSNR / SSIM against the client's
+    images, beside the mean public image."""
+    from pipeline.federation import gkt
+    from pipeline.federation.clients import to_tensor
+
+    if len(public) < 100:
+        return {"applies": False, "why": f"only {len(public)} public samples (a full-data partition leaves none)"}
+    a = params.audit
+    up = parse_encoding(getattr(params, method).encode_up)
+    last = capture.captured_rounds(run_dir)[-1]
+    uploads = capture.load_uploads(run_dir, last)["uploads"]
+    models = final_models(clients, run_dir)
+    public_images = ds.train_x[public]
+    rows: dict[str, list[float]] = {"psnr": [], "ssim": [], "baseline_psnr": [], "baseline_ssim": []}
+    for k in [k for k in sorted(uploads) if any(r["kind"] == "features" for r in uploads[k])][:FEATURE_CLIENTS]:
+        [sent] = [r["arrays"] for r in uploads[k] if r["kind"] == "features"]
+        arrays = {n: torch.as_tensor(v) for n, v in sent.items() if n not in ("all_labels", "positions")}
+        shape = tuple(models[k].stem(to_tensor(public_images[:1])).shape[1:])
+
+        def extract(images: np.ndarray, model=models[k], shape=shape) -> np.ndarray:
+            """The stem's features of `images` as the server would receive them (encoded and decoded)."""
+            feats, logits = gkt.stem_features_and_logits(model, to_tensor(images), params.train.eval_batch_size)
+            parts = {**gkt.encode_upload(up, feats, logits), "labels": torch.zeros(len(images), dtype=torch.long)}
+            return gkt.decode_upload(up, parts, shape, ds.num_classes)["features"].numpy()
+
+        features = gkt.decode_upload(up, arrays, shape, ds.num_classes)["features"].numpy()
+        recovered, _ = feature_inversion.invert_features(extract, public_images, features,
+                                                         epochs=a.inverter_epochs, seed=params.seed)
+        images = ds.train_x[part.client_train(k)[sent["positions"]]]
+        for prefix, guess in (("", recovered), ("baseline_", reconstruction.mean_image_baseline(public_images,
+                                                                                                  len(images)))):
+            psnr, ssim = psnr_ssim(images, guess)
+            rows[prefix + "psnr"].append(float(psnr.mean()))
+            rows[prefix + "ssim"].append(float(ssim.mean()))
+    if not rows["psnr"]:
+        return {"applies": False, "why": f"no audited client uploaded features in the last round ({last})"}
+    return {"applies": True, "attack": "feature inversion (server with a client's final model: inverter on its stem's "
+                                       "public features, applied to its last-round uploads)",
+            "clients": len(rows["psnr"]), "round": last, "public_samples": int(len(public)),
             **{name: _interval(np.array(v)) for name, v in rows.items()}}
 
 
@@ -149,8 +239,10 @@ def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDatas
         return _code_inversion(params, part, ds, setup, public)
     if method in GRADIENT_METHODS:
         return _gradient_inversion(params, method, part, ds, run_dir, public, clients, initial)
-    return {"applies": False, "why": "not audited yet for this method's uploads (issue 40: gradient inversion of "
-                                     "MTFL, pFedMe and FedAlt, and feature inversion of FedDKC and FedICT come next)"}
+    if method in FEATURE_METHODS:
+        return _feature_inversion(params, method, part, ds, run_dir, public, clients)
+    return {"applies": False, "why": "no reconstruction attack on this method's uploads (its server holds no "
+                                     "per-sample payload and no model update: per-class statistics, or nothing)"}
 
 
 # -- membership -----------------------------------------------------------------------------------------------------
@@ -277,12 +369,16 @@ def _label_mix(params: Params, method: str, part: Partition, run_dir: Path, init
 MODEL_KINDS = ("params", "global")  # a whole shared state; FedAlt sends its blocks as block1, block2, ...
 
 
+def _is_model(kind: str) -> bool:
+    return kind in MODEL_KINDS or kind.startswith("block")
+
+
 def _round_start(initial: dict, downloads: list[Payload], down) -> dict:
     """The state a client started round 1 from: its initial model (every method builds it from the seed, as the
     server can) with the tensors the server sent it over it, decoded as the client decodes them."""
     state = dict(initial)
     for p in downloads:
-        if p.kind in MODEL_KINDS or p.kind.startswith("block"):
+        if _is_model(p.kind):
             if down.lossless:
                 state.update({n: t for n, t in p.arrays.items() if n in state})
             else:
