@@ -47,13 +47,30 @@ ROUNDS_ONLY = Never("its server half is written for rounds (a round's uploads fo
 
 
 @dataclass(frozen=True)
+class Noised:
+    """How `train.dp_noise` covers a method's uploads (pipeline/federation/dp_noise.py): every float array of each
+    upload to the server is clipped and noised together. `change`: the payload kinds that carry a model, whose change
+    from the download of the same kind is what is clipped (DP-FedAvg); `float32`: the method's params keys that must
+    be float32 for that (the noise is added to the values as computed, and a model's change is read against its
+    download as sent)."""
+
+    change: tuple[str, ...] = ()
+    float32: tuple[str, ...] = ("encode_up",)
+
+
+# a method covered by the noise says so; the others are refused when train.dp_noise > 0
+NOT_NOISED = Never("its uploads are not declared to the noise mechanism")
+
+
+@dataclass(frozen=True)
 class Supports:
     """A method's declaration; the entries it leaves out: every executor, every schedule but async (ROUNDS_ONLY),
-    heterogeneous runs."""
+    heterogeneous runs, and no noise on uploads (NOT_NOISED)."""
 
     executors: dict[str, Condition] = field(default_factory=dict)
     schedules: dict[str, Condition] = field(default_factory=dict)
     heterogeneous: Condition = True
+    noise: Noised | Never = NOT_NOISED
 
     def __post_init__(self) -> None:
         defaults = {"executors": dict.fromkeys(EXECUTORS, True),
@@ -118,6 +135,28 @@ def hetero_refusal(method: str, supports: Supports, section: Any) -> str | None:
         return None
     return (f"train.hetero_algorithms lists {method}, which {why_not(supports.heterogeneous, method, section)}, so it "
             f"needs the same model on every client; remove it from train.hetero_algorithms")
+
+
+def noise_refusal(method: str, supports: Supports, section: Any, dp_noise: float) -> str | None:
+    """Why `train.dp_noise` cannot noise the method's uploads (None: it can, or the noise is off)."""
+    if dp_noise == 0:
+        return None
+    noise = supports.noise
+    if isinstance(noise, Never):
+        return (f"train.dp_noise = {dp_noise!r} cannot cover {method}: {noise.why}; set train.dp_noise: 0, or leave "
+                f"{method} out of train.algorithms (the methods it covers: {', '.join(noised_methods())})")
+    for key in noise.float32:
+        value = _value(section, key)
+        if value != "float32":
+            return (f"train.dp_noise = {dp_noise!r} needs {method}.{key}: float32 ({method}.{key} = {value!r}): the "
+                    "noise is added where the upload leaves the client, to the values as computed, and an encoding "
+                    "has turned them into codes by then; set it to float32, or train.dp_noise: 0")
+    return None
+
+
+def noised_methods() -> list[str]:
+    """The methods whose uploads train.dp_noise covers."""
+    return [name for name, s in declarations().items() if isinstance(s.noise, Noised)]
 
 
 def refusals(method: str, supports: Supports, section: Any, executor: str, schedule: str, hetero: bool) -> list[str]:

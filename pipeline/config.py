@@ -30,7 +30,7 @@ ENCODERS = ("hog", "simhash", "random_conv", "random_projection", "pixels", "mob
 
 from pipeline.errors import ConfigError  # noqa: F401  (re-exported: stages import it from here)
 from pipeline import method_catalog  # the methods' names and params classes, without their code
-from pipeline.capabilities import Supports, refusals
+from pipeline.capabilities import Supports, noise_refusal, refusals
 from pipeline.encoding_spec import check_columns
 from pipeline.encoding_spec import parse as parse_encoding
 
@@ -197,6 +197,23 @@ class TrainParams(Section):
     async_alpha: float = Field(0.6, gt=0, le=1, allow_inf_nan=False)
     async_staleness_exponent: float = Field(0.5, ge=0, allow_inf_nan=False)
     async_buffer: int = Field(1, ge=1)
+    # client-level local DP on uploads (pipeline/federation/dp_noise.py, docs/privacy.md): every upload's float
+    # arrays clipped together to L2 norm dp_clip, then N(0, (dp_noise * dp_clip)^2) noise per entry; epsilon at
+    # dp_delta from opacus's RDP accountant. dp_noise 0: off
+    dp_noise: float = Field(0.0, ge=0, allow_inf_nan=False)
+    dp_clip: float | None = Field(None, gt=0, allow_inf_nan=False)
+    dp_delta: float = Field(1e-5, gt=0, lt=1, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _dp_rules(self) -> "TrainParams":
+        if self.dp_noise > 0 and self.dp_clip is None:
+            raise ValueError(f"train.dp_noise = {self.dp_noise!r} needs train.dp_clip, the L2 bound C every upload is "
+                             "clipped to before the noise (choose it from the uploads' norms on training data, "
+                             "docs/privacy.md)")
+        if self.dp_noise == 0 and self.dp_clip is not None:
+            raise ValueError(f"train.dp_clip = {self.dp_clip!r} is read only when train.dp_noise > 0 (it is 0: the "
+                             "uploads are sent as computed): set it to null, or train.dp_noise above 0")
+        return self
 
     @model_validator(mode="after")
     def _one_deadline(self) -> "TrainParams":
@@ -380,6 +397,9 @@ class CoreParams(Section):
                                  name in t.hetero_algorithms)
                 if found:
                     raise ValueError(found[0])
+                noise = noise_refusal(name, section.supports, section, t.dp_noise)
+                if noise:
+                    raise ValueError(noise)
             section.check(self)
         return self
 

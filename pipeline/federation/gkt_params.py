@@ -6,10 +6,14 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from pipeline.capabilities import Never, Supports
 from pipeline.config import Encoding, MethodParams
 
 
 class ServerModelParams(MethodParams):
+    supports: ClassVar[Supports] = Supports(
+        noise=Never("every round it uploads each sample's stem features with its label for the server to train on, "
+                    "which the noise on uploads is not set up for (a per-sample clip, and labels in the clear)"))
     # the smaller server model on larger batches: 3 clients' uploads need no more
     tiny_setting: ClassVar[dict] = {"server_model": "a3", "server_batch_size": 32}
 

@@ -38,14 +38,21 @@ def _schedule(params: Any) -> list[str]:
     return [f"schedule={schedule}"] if schedule != "sync" or enabled else []
 
 
+def _noise(params: Any) -> list[str]:
+    """The noise on uploads' knobs when it is on (train.dp_noise > 0): a noised run is a variant of its method."""
+    train = getattr(params, "train", None)
+    sigma = getattr(train, "dp_noise", 0)
+    return [f"dp_noise={_text(sigma)}", f"dp_clip={_text(train.dp_clip)}"] if sigma else []
+
+
 def run_label(params: Any, algorithm: str) -> str:
     """`algorithm` plus the non-default knobs of its section `params.<algorithm>`, in the order the
     section's model declares them, each under its params.yaml name (the alias: `lambda`, not `lambda_`),
-    then the schedule (`_schedule`)."""
+    then the schedule (`_schedule`) and the noise on uploads (`_noise`)."""
     section = getattr(params, algorithm)
     # both dumps list the fields in declaration order; model_construct() is the section with its defaults
     # (no type(section) here: tests/test_dvc_params.py hands the code a recording proxy of the params)
     dumped = section.model_dump(mode="json", by_alias=True)
     defaults = section.model_construct().model_dump(mode="json", by_alias=True)
-    knobs = [f"{key}={_text(value)}" for key, value in dumped.items() if value != defaults[key]] + _schedule(params)
+    knobs = [f"{key}={_text(value)}" for key, value in dumped.items() if value != defaults[key]] + _schedule(params) + _noise(params)
     return f"{algorithm} ({', '.join(knobs)})" if knobs else algorithm

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from pipeline import method_catalog
-from pipeline.capabilities import Supports, executor_for, refusals
+from pipeline.capabilities import Supports, executor_for, noise_refusal, refusals
 from pipeline.data.datasets import ImageDataset
 from pipeline.data.partition import Partition
 from pipeline.machine import run_environment
@@ -59,6 +59,7 @@ from pipeline.federation.clients import Client, build_clients, on_split
 from pipeline.federation.clock import ClientTime, Clock, RoundPlan, build_clock
 from pipeline.federation.devices import population
 from pipeline.federation.contract import LocalUpdate, Server, ServerContext, Upload
+from pipeline.federation.dp_noise import UploadNoise
 from pipeline.federation.ledger import DOWN, SERVER, SETUP_ROUND, UP, Ledger, Payload
 from pipeline.results.labels import run_label
 from pipeline.train import checkpoint
@@ -134,6 +135,7 @@ class Simulation:
         self.clock: Clock | None = None  # the simulated clock (devices.enabled), set by the trainer
         self.last_plan: RoundPlan | None = None  # what the clock decided about the latest round
         self.capture: Capture | None = None  # the privacy audit's sample of the uploads (audit.capture), set by the trainer
+        self.noise = upload_noise(ctx.params, method_cls.name)  # train.dp_noise: None when off
 
     # -- the ledger: written here and only here; deliver and receive are the boundary every payload crosses --
 
@@ -161,6 +163,21 @@ class Simulation:
         payloads (decentralized methods) are counted where they travel: delivered to a peer, `deliver`."""
         for p in upload.payloads:
             self.count(round_, client, UP, p, at=at)
+
+    # -- the noise on uploads (train.dp_noise): applied where an upload leaves its client --
+
+    # Where: as the client half hands its upload over (the executor's return, the per-step hook's call), before
+    # `count` (the ledger, and the audit's capture, which sees what the server holds) and before the server half reads
+    # it, so the server only ever receives noised values, whichever executor or schedule ran the client. A method
+    # encodes its upload inside its client half (encode_up), before this point: the noise needs float32 there
+    # (refused otherwise, pipeline/capabilities.py), as it is added to the values as computed.
+
+    def noised(self, round_: int, client: int, upload: Upload, download: list[Payload]) -> Upload:
+        """A round's upload as it leaves `client` (`download`: what it received, which a model's change is read
+        against); unchanged with the noise off."""
+        if self.noise is None:
+            return upload
+        return Upload(self.noise.apply(round_, client, upload.payloads, download), upload.relay, upload.metrics)
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -193,6 +210,9 @@ class Simulation:
         def exchange(round_: int, uploads: dict[int, Payload]) -> dict[int, Payload]:
             """The per-step hook: the step's uploads to the server half, its answers back."""
             with timer("exchange"):
+                if self.noise is not None:  # each step's upload is a release of its own (index: 1 + the step)
+                    uploads = {k: self.noise.apply(round_, k, [p], index=1 + len(exchanged[k][0]))[0]
+                               for k, p in uploads.items()}
                 for k, p in uploads.items():
                     exchanged[k][0].append(p)
                 downloads = server.exchange(round_, uploads)
@@ -210,6 +230,7 @@ class Simulation:
                 self.clients[k].new_optimizer()
         uploads = self.executor.run(self.local, [self.clients[k] for k in received], downloads, round_,
                                     StepHook(exchange, server.end_step)) if received else {}
+        uploads = {k: self.noised(round_, k, u, downloads[k]) for k, u in uploads.items()}
         kept, plan = selected, None
         if clock is not None:  # when each upload would complete, who is kept, when the round ends
             times = {k: clock.client_time(
@@ -255,7 +276,8 @@ class Simulation:
         round by its number; a fresh optimizer first when `train.fresh_optimizer` is on."""
         if self.fresh_optimizer:
             self.clients[client].new_optimizer()
-        return SequentialExecutor.run_client(self.local, self.clients[client], download, number)
+        upload = SequentialExecutor.run_client(self.local, self.clients[client], download, number)
+        return self.noised(number, client, upload, download)
 
     def evaluate(self, round_: int, split: str = "test") -> tuple[list[tuple[int, float, int]], dict[str, float]]:
         """Every client on its own `split` ("test", or "val" for the validation split defaults are tuned
@@ -285,6 +307,19 @@ def make_executor(params: Params, method_cls: type[Server], local: LocalUpdate,
 
         return DaskExecutor(params.train.dask_address, params.train.dask_workers)
     return VectorizedExecutor(params.train.group_size)
+
+
+def upload_noise(params: Params, name: str) -> UploadNoise | None:
+    """The noise on the method's uploads `train.dp_noise` asks for (None: off); a ConfigError when its declaration
+    says the noise cannot cover it (params validation says so first; params built in code skip that)."""
+    t = params.train
+    if t.dp_noise == 0:
+        return None
+    supports = method_supports(params, name)
+    why = noise_refusal(name, supports, getattr(params, name), t.dp_noise)
+    if why:
+        raise ConfigError(why)
+    return UploadNoise(t.dp_noise, t.dp_clip, t.dp_delta, params.seed, supports.noise.change)
 
 
 def method_supports(params: Params, name: str) -> Supports:
@@ -493,6 +528,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "clock": None if self.sim.clock is None else self.sim.clock.state_dict(),
             "schedule": self.schedule.state_dict(),  # async: the event queue and every client's update in progress
+            "dp_noise": None if self.sim.noise is None else self.sim.noise.state_dict(),  # the releases so far
         }
 
     def _restore(self, state: dict) -> None:
@@ -510,6 +546,8 @@ class Trainer:
             self.sim.clock.load_state_dict(state["clock"])
         # "async": the key of checkpoints written before the schedules were drivers
         self.schedule.load_state_dict(state.get("schedule", state.get("async", {})))
+        if self.sim.noise is not None:
+            self.sim.noise.load_state_dict(state.get("dp_noise") or {})
 
     def summary(self) -> dict:
         evaluated = [(r, a) for r, a in self.history if a is not None]
@@ -530,6 +568,8 @@ class Trainer:
             "bytes_up": ledger.total(direction=UP),
             "bytes_down": ledger.total(direction=DOWN),
             **clock,  # the run's simulated seconds (devices.enabled)
+            # train.dp_noise: the knobs and epsilon at dp_delta (opacus's RDP accountant, pipeline/federation/dp_noise.py)
+            **({} if self.sim.noise is None else self.sim.noise.summary()),
             # wall seconds of this process's rounds (set-up round 0 included) and of their parts: where a stage's time goes
             "seconds": {name: round(v, 3) for name, v in sorted(self.seconds.items())},
         }

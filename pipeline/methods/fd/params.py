@@ -6,14 +6,15 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from pipeline.capabilities import Supports
+from pipeline.capabilities import Noised, Supports
 from pipeline.config import Encoding, MethodParams
 
 
 class FDParams(MethodParams):
     # async: a client's upload replaces its class logits when it arrives; its download is the leave-one-out mean
     # of the others' latest logits when its update starts
-    supports: ClassVar[Supports] = Supports(schedules={"async": True})
+    # train.dp_noise: its per-class mean logits (the class ids travel in the clear)
+    supports: ClassVar[Supports] = Supports(schedules={"async": True}, noise=Noised())
 
     gamma: float = Field(1.0, ge=0, allow_inf_nan=False)
     # how each client's per-class mean logits travel up and its class teachers down (pipeline/encoding_spec.py:

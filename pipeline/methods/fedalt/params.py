@@ -13,7 +13,9 @@ from pipeline.federation.averaging_params import AveragingParams
 
 class FedAltParams(AveragingParams):  # encode_down (its blocks), encode_up: there
     supports: ClassVar[Supports] = Supports(
-        heterogeneous=Never("averages the blocks of one multi-exit ResNet-20 across clients"))
+        heterogeneous=Never("averages the blocks of one multi-exit ResNet-20 across clients"),
+        noise=Never("a client uploads all its blocks but downloads only the first m_k, so a block's change has no "
+                    "download of the same round to be read against"))
 
     tau: int = Field(5, ge=1)
     capacity: list[float] = [0.3, 0.4, 0.3]

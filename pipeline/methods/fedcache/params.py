@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.capabilities import Only, Supports
+from pipeline.capabilities import Noised, Only, Supports
 from pipeline.config import Encoding, MethodParams, messages_can_be_dropped
 
 
@@ -26,7 +26,8 @@ class FedCacheParams(MethodParams):
                    "dask": Only("consistency", ("round",), "its client half calls the per-step exchange hook, which "
                                 "needs the server half beside it at every step (a Dask worker has none)")},
         schedules={s: Only("consistency", ("round",), "the cache read at every step's simulated instant is not done "
-                           "yet") for s in ("deadline", "quorum", "async")})
+                           "yet") for s in ("deadline", "quorum", "async")},
+        noise=Noised())  # train.dp_noise: its logits, each per-step exchange's (live, step) or the round's (round)
 
     beta: float = Field(1.5, ge=0, allow_inf_nan=False)
     T: float = Field(3.0, gt=0, allow_inf_nan=False)

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from pipeline.capabilities import Noised, Supports
 from pipeline.config import Encoding, MethodParams, messages_can_be_dropped
 from pipeline.encoding_spec import check_columns
 from pipeline.encoding_spec import parse as parse_encoding
@@ -16,6 +17,8 @@ REPLACED = ("fedproto.{key} was replaced by fedproto.encode_up (pipeline/encodin
 
 
 class FedProtoParams(MethodParams):
+    # train.dp_noise: its prototypes (and per-class accuracies, confidence aggregation); class ids and counts in the clear
+    supports: ClassVar[Supports] = Supports(noise=Noised())
     class_rows: ClassVar[tuple[str, ...]] = ()  # a prototype's row holds its features, checked below
 
     lambda_: float = Field(1.0, ge=0, allow_inf_nan=False, alias="lambda")

@@ -12,7 +12,9 @@ from pipeline.config import Encoding, MethodParams
 
 class PDFLParams(MethodParams):
     supports: ClassVar[Supports] = Supports(
-        heterogeneous=Never("trains copies of its neighbours' models (one architecture for all)"))
+        heterogeneous=Never("trains copies of its neighbours' models (one architecture for all)"),
+        noise=Never("its clients relay models, knowledge and feedback copies to each other, not uploads to a server; "
+                    "the noise covers what a client sends the server"))
     # 3 clients: the complete graph; 2 steps of each inner optimisation exercise them as 10 or 20 do
     tiny_setting: ClassVar[dict] = {"edge_prob": 1.0, "min_degree": 2, "external_steps": 2, "attention_steps": 2}
     class_rows: ClassVar[tuple[str, ...]] = ("encode_knowledge",)  # a row of P holds one value per class

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from pipeline.capabilities import Never, Supports
+from pipeline.capabilities import Never, Noised, Supports
 from pipeline.federation.averaging_params import AveragingParams
 
 
@@ -16,7 +16,9 @@ class PFedMeParams(AveragingParams):  # encode_down, encode_up: there
                                        "every step")},
         schedules={"async": Never("pfedme's server moves the global model toward the round's mean by pfedme.beta; its "
                                   "asynchronous form (FedAsync's mixing serves FedAvg and MTFL) is not done")},
-        heterogeneous=Never("averages model parameters"))
+        heterogeneous=Never("averages model parameters"),
+        # train.dp_noise: the change of w from the global state it downloaded (DP-FedAvg), both sent as float32
+        noise=Noised(change=("params",), float32=("encode_up", "encode_down")))
     tiny_setting: ClassVar[dict] = {"K": 2}  # two inner steps still exercise w moving once per batch
 
     eta: float = Field(0.005, gt=0, allow_inf_nan=False)
