@@ -15,7 +15,7 @@ from pipeline.results.compare import budget_rows, comparison, differences
 from pipeline.config import Params, load_params
 from pipeline.results.report import (format_budget, format_differences, format_paper_table, format_table, plot_accuracy_vs_bytes,
                                      plot_accuracy_vs_sim_time, verdict_line, write_outputs)
-from pipeline.results.privacy import format_privacy, privacy_row, read_audits
+from pipeline.results.privacy import format_privacy, noise_of, privacy_row, read_audits
 from pipeline.results.store import ResultsDB, rebuild_index
 
 
@@ -43,9 +43,11 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     print(rebuilt.message)
     # the privacy audit of each homogeneous run that has one (audit@<method>)
     audits = read_audits([paths.run_name(a) for a in params.train.algorithms])
-    privacy = [privacy_row(name, audit) for name, audit in audits.items()]
+    summaries = {paths.run_name(s["algorithm"], s.get("setting") == "hetero"): s for s, _ in gathered}
+    privacy = [privacy_row(name, audit, summaries.get(name)) for name, audit in audits.items()]
+    noise = {name: noise_of(s) for name, s in summaries.items() if noise_of(s) is not None}
     write_outputs(rows, paths.METRICS, paths.REPORT_DIR, params.data.dataset, diffs, budget_rows(runs, target),
-                  privacy)
+                  privacy, noise)
     plot_accuracy_vs_bytes(runs, paths.REPORT_DIR / "accuracy_vs_bytes.png")
     timed_plot = paths.REPORT_DIR / "accuracy_vs_sim_time.png"
     timed_plot.unlink(missing_ok=True)  # an earlier report's, when these runs have no simulated time

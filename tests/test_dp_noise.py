@@ -193,3 +193,20 @@ def test_the_noise_is_seeded_by_round_and_client():
     assert noise.apply(3, 1, [Payload("n", {"n": np.array([3])})])[0].arrays["n"].tolist() == [3]  # no float: no release
     assert noise.releases == {1: 2, 2: 1}
 
+
+# -- where users see it ----------------------------------------------------------------------------------------------
+
+def test_a_noised_run_is_labelled_and_its_epsilon_sits_in_the_privacy_table():
+    from pipeline.results.labels import run_label
+    from pipeline.results.privacy import format_privacy, noise_of, privacy_row
+
+    on = _load({"dp_noise": 1.0, "dp_clip": 5.0})
+    assert run_label(on, "fedcache") == "fedcache (dp_noise=1.0, dp_clip=5.0)"
+    assert run_label(_load({}), "fedcache") == "fedcache"
+    summary = {"dp_noise": 1.0, "dp_clip": 5.0, "dp_delta": 1e-5, "dp_releases": 7, "dp_epsilon": 37.93}
+    assert noise_of({"maua": 0.5}) is None and noise_of(summary)["dp_epsilon"] == 37.93
+    audit = {"method": "fedcache", "label_mix": {"hows": ["sent by design"]}}
+    table = format_privacy([privacy_row("fedcache", audit, summary), privacy_row("fd", audit)])
+    head, _, noisy, plain = table.splitlines()
+    assert head.endswith("| epsilon |")
+    assert noisy.endswith("| 37.9 (delta 1e-05, sigma 1) |") and plain.endswith("| off |")

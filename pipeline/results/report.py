@@ -222,9 +222,10 @@ def _rounded(value: float | None) -> float | None:
 
 def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, dataset: str | None = None,
                   diffs: list[dict] | None = None, budget: list[dict] | None = None,
-                  privacy: list[dict] | None = None) -> None:
+                  privacy: list[dict] | None = None, noise: dict[str, dict] | None = None) -> None:
     """metrics.json and report_dir's comparison.md / .csv, differences.csv; `privacy`: the audited runs' rows
-    (pipeline/results/privacy.py), in metrics.json under each run's "privacy" and as a table in comparison.md."""
+    (pipeline/results/privacy.py), in metrics.json under each run's "privacy" and as a table in comparison.md;
+    `noise`: run name -> its noise on uploads and epsilon (privacy.noise_of), under the run's "dp"."""
     report_dir.mkdir(parents=True, exist_ok=True)
     diffs = diffs or []
     metrics = {}
@@ -241,6 +242,9 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
     for p in privacy or []:
         if p["run"] in metrics:
             metrics[p["run"]]["privacy"] = {k: p[k] for k in PRIVACY_METRICS if p.get(k) is not None}
+    for name, dp in (noise or {}).items():
+        if name in metrics:
+            metrics[name]["dp"] = dp
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(metrics, indent=1) + "\n")
     text = format_table(rows) + "\n"
