@@ -1,13 +1,17 @@
 """docs/privacy.md's measured section, from the audits of real runs (issue 40): no figure on the page is typed by hand.
 
-    .venv/bin/python bench/privacy_docs.py collect WORKSPACE [--bits BITS=WORKSPACE ...]
+    .venv/bin/python bench/privacy_docs.py collect WORKSPACE [--bits BITS=WORKSPACE ...] [--noise SIGMA=WORKSPACE ...]
+    .venv/bin/python bench/privacy_docs.py noise WORKSPACE --noise SIGMA=WORKSPACE ...   # the noise curve alone
     .venv/bin/python bench/privacy_docs.py           # rewrite docs/privacy.md's section from bench/results/
     .venv/bin/python bench/privacy_docs.py --check   # exit 1 when the page differs from what the files render
 
 `collect` reads a workspace where `dvc repro` ran (results/audit/*/audit.json, results/metrics.json) and, for the
-hash-bits defence curve, workspaces of the same params with `encode.bits` changed (FedCache only), and writes
-bench/results/privacy-<cpu>.json: each method's privacy figures beside its accuracy and bytes, the audit's
-seconds, and FedCache's reconstruction against its accuracy at each number of bits.
+hash-bits defence curve, workspaces of the same params with `encode.bits` changed (FedCache only), for the noise
+defence curve, workspaces of the same params with `train.dp_noise` (and `train.dp_clip`) set (FedCache only), and
+writes bench/results/privacy-<cpu>.json: each method's privacy figures beside its accuracy and bytes, the audit's
+seconds, FedCache's reconstruction against its accuracy at each number of bits, and FedCache's accuracy, epsilon and
+audit figures at each noise multiplier. `noise` puts the noise curve (WORKSPACE: FedCache without noise, or at its
+own train.dp_noise) into this CPU's existing file, keeping its other figures.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from docs_section import replace_section, write_or_check  # noqa: E402
 
-from pipeline.results.privacy import format_privacy, privacy_row  # noqa: E402
+from pipeline.results.privacy import epsilon_cell, format_privacy, privacy_row  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "privacy.md"
@@ -48,7 +52,29 @@ def _params(workspace: Path) -> dict:
     return yaml.safe_load((workspace / "params.yaml").read_text())
 
 
-def collect(workspace: Path, bits: dict[int, Path]) -> dict:
+def _summary(workspace: Path, name: str) -> dict:
+    path = workspace / "results/runs" / name / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def noise_curve(workspace: Path, noise: dict[float, Path]) -> list[dict]:
+    """FedCache at each noise multiplier (the workspace's own, then `noise`'s): its accuracy, its epsilon (from the
+    run's summary) and its audit's figures, one row a multiplier, the smallest first."""
+    train = _params(workspace)["train"]
+    curve = []
+    for sigma, place in sorted({float(train.get("dp_noise", 0)): workspace, **noise}.items()):
+        audit, m = _audits(place).get("fedcache"), _metrics(place).get("fedcache", {})
+        if audit is None:
+            continue
+        p = _params(place)["train"]
+        row = privacy_row("fedcache", audit, _summary(place, "fedcache"))
+        curve.append({"sigma": sigma, "clip": p.get("dp_clip"), "dp": row["dp"], "maua": m.get("maua"),
+                      "maua_low": m.get("maua_low"), "maua_high": m.get("maua_high"),
+                      **{k: row[k] for k in ("psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv")}})
+    return curve
+
+
+def collect(workspace: Path, bits: dict[int, Path], noise: dict[float, Path] | None = None) -> dict:
     """The result file's content (see the module docstring)."""
     from pipeline.machine import cpu_description
 
@@ -80,6 +106,7 @@ def collect(workspace: Path, bits: dict[int, Path]) -> dict:
                         f"seed {p['seed']}; audit: {p['audit']['clients']} clients, {p['audit']['public']} public "
                         f"samples, {p['audit']['shadow_models']} shadows x {p['audit']['shadow_epochs']} epochs"),
             "command": "`.venv/bin/dvc repro`, then `.venv/bin/python bench/privacy_docs.py collect`", "rows": rows, "bits_curve": curve,
+            "noise_curve": noise_curve(workspace, noise) if noise else [],
             "audit_seconds": round(sum(r["seconds"] or 0 for r in rows), 1)}
 
 
@@ -118,6 +145,18 @@ def section(results: list[dict]) -> str:
                       "|---|---|---|---|---|---|",
                       *[f"| {c['bits']} | {_maua(c)} | {c['bytes_setup']:,} | {_pm(c['psnr'], 1)} | {_pm(c['ssim'], 2)} "
                         f"| {_pm(c['baseline_psnr'], 1)} |" for c in r["bits_curve"]], ""]
+        if r.get("noise_curve"):
+            parts += [f"FedCache with Gaussian noise on its uploads (`train.dp_noise`, docs/privacy.md; measured "
+                      f"{r.get('noise_date', r['date'])}), a defence: "
+                      "accuracy, the formal bound (epsilon at delta, per client over the run) and what the audit "
+                      "measures. The noise covers the per-round logits, not the set-up's hash codes (reconstruction) "
+                      "nor the final models (membership).", "",
+                      "| sigma | C | epsilon | MAUA [95%] | PSNR dB (codes) | MIA AUC (loss) | TPR @ 1% FPR | "
+                      "MIA AUC (LiRA) | label-mix TV |", "|---|---|---|---|---|---|---|---|---|",
+                      *[f"| {c['sigma']:g} | {'n/a' if c['clip'] is None else format(c['clip'], 'g')} | "
+                        f"{epsilon_cell(c['dp'])} | {_maua(c)} | {_pm(c['psnr'], 1)} | {_pm(c['mia_auc'], 2)} | "
+                        f"{_pm(c['mia_tpr'], 2)} | {_pm(c['lira_auc'], 2)} | {_pm(c['label_tv'], 2)} |"
+                        for c in r["noise_curve"]], ""]
     return "\n".join(parts).strip() or NOT_MEASURED
 
 
@@ -128,18 +167,34 @@ def render(text: str, results_dir: Path = RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", nargs="?", choices=["collect"], help="collect a workspace's audits")
+    parser.add_argument("command", nargs="?", choices=["collect", "noise"],
+                        help="collect a workspace's audits; noise: only FedCache's noise curve, into the existing file")
     parser.add_argument("workspace", nargs="?", type=Path, help="collect: where dvc repro ran")
     parser.add_argument("--bits", action="append", default=[], metavar="BITS=WORKSPACE",
                         help="collect: a workspace of the same params with encode.bits = BITS (FedCache)")
+    parser.add_argument("--noise", action="append", default=[], metavar="SIGMA=WORKSPACE",
+                        help="collect: a workspace of the same params with train.dp_noise = SIGMA (FedCache)")
     parser.add_argument("--check", action="store_true", help="exit 1 when docs/privacy.md is stale")
     args = parser.parse_args(argv)
+    if args.command == "noise":
+        from roofline import cpu_slug
+
+        out = RESULTS / f"privacy-{cpu_slug()}.json"
+        result = json.loads(out.read_text())
+        result["noise_curve"] = noise_curve(args.workspace, {float(s): Path(w) for s, w in
+                                                             (item.split("=", 1) for item in args.noise)})
+        result["noise_date"] = time.strftime("%Y-%m-%d")
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
     if args.command == "collect":
         from roofline import cpu_slug
 
         bits = {int(b): Path(w) for b, w in (item.split("=", 1) for item in args.bits)}
+        noise = {float(s): Path(w) for s, w in (item.split("=", 1) for item in args.noise)}
         out = RESULTS / f"privacy-{cpu_slug()}.json"
-        out.write_text(json.dumps(collect(args.workspace, bits), indent=1) + "\n")
+        result = collect(args.workspace, bits, noise)
+        out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {out}")
         return 0
     text = DOCS.read_text()

@@ -31,3 +31,35 @@ def test_figures_come_from_the_files(tmp_path):
     assert "took 20.5 s in all" in page and "| 1024 | 0.710 [0.690, 0.730] | 256,000 | 15.5 [14.9, 16.1] |" in page
     assert privacy_docs.render(page, tmp_path) == page  # rendering again changes nothing
     assert privacy_docs.NOT_MEASURED in privacy_docs.render("# Privacy\n", tmp_path / "none")
+
+
+def _workspace(root, sigma: float, clip, epsilon, maua: float, auc: float):
+    """A workspace as `dvc repro` leaves it, FedCache only: params.yaml, its audit, metrics.json, its summary."""
+    import yaml
+
+    (root / "results/audit/fedcache").mkdir(parents=True)
+    (root / "results/runs/fedcache").mkdir(parents=True)
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"dp_noise": sigma, "dp_clip": clip}}))
+    audit = {"method": "fedcache", "reconstruction": {"applies": True, **{k: ROW[k] for k in ("psnr", "ssim")},
+                                                      "baseline_psnr": ROW["baseline_psnr"]},
+             "membership": {"loss": {"auc": auc, "auc_low": auc - 0.02, "auc_high": auc + 0.02}},
+             "label_mix": {"tv": 0.0, "tv_low": 0.0, "tv_high": 0.0, "hows": ["sent by design"]}}
+    (root / "results/audit/fedcache/audit.json").write_text(json.dumps(audit))
+    (root / "results/metrics.json").write_text(json.dumps({"fedcache": {"maua": maua, "maua_low": maua - 0.03,
+                                                                        "maua_high": maua + 0.03}}))
+    summary = {"maua": maua} if epsilon is None else {"maua": maua, "dp_noise": sigma, "dp_clip": clip,
+                                                       "dp_delta": 1e-5, "dp_releases": 91, "dp_epsilon": epsilon}
+    (root / "results/runs/fedcache/summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_the_noise_curve_comes_from_the_noised_workspaces(tmp_path):
+    off = _workspace(tmp_path / "off", 0.0, None, None, 0.66, 0.61)
+    one = _workspace(tmp_path / "one", 1.0, 20.0, 123.4, 0.52, 0.58)
+    curve = privacy_docs.noise_curve(off, {1.0: one})
+    assert [c["sigma"] for c in curve] == [0.0, 1.0] and curve[0]["dp"] is None and curve[1]["dp"]["dp_epsilon"] == 123.4
+    (tmp_path / "privacy-made-up.json").write_text(json.dumps({**RESULT, "noise_curve": curve}))
+    page = privacy_docs.render("# Privacy\n", tmp_path)
+    assert "| 0 | n/a | off | 0.660 [0.630, 0.690] | 15.5 [14.9, 16.1] | 0.61 [0.59, 0.63] |" in page
+    assert "| 1 | 20 | 123.4 (delta 1e-05, sigma 1) | 0.520 [0.490, 0.550] | 15.5 [14.9, 16.1] | 0.58 [0.56, 0.60] |" in page
+    assert privacy_docs.render(page, tmp_path) == page
