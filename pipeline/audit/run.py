@@ -241,8 +241,18 @@ def _reconstruction(params: Params, method: str, part: Partition, ds: ImageDatas
         return _gradient_inversion(params, method, part, ds, run_dir, public, clients, initial)
     if method in FEATURE_METHODS:
         return _feature_inversion(params, method, part, ds, run_dir, public, clients)
-    return {"applies": False, "why": "no reconstruction attack on this method's uploads (its server holds no "
-                                     "per-sample payload and no model update: per-class statistics, or nothing)"}
+    return {"applies": False, "why": NO_RECONSTRUCTION.get(method, "not audited yet: no reconstruction attack reads "
+                                                                     "this method's uploads")}
+
+
+NO_RECONSTRUCTION = {  # the methods whose server holds no per-sample payload and no model update
+    "fd": "its uploads are per-class mean logits: no one sample's image is in them (inverting a class's mean to a "
+          "representative image is not audited yet)",
+    "fedproto": "its uploads are per-class mean features (prototypes): no one sample's image is in them (inverting "
+                "a class's prototype to a representative image is not audited yet)",
+    "local": "nothing is uploaded",
+    "pdfl": "its models and knowledge go client to client; the server receives nothing of a client's to invert",
+}
 
 
 # -- membership -----------------------------------------------------------------------------------------------------
