@@ -7,6 +7,7 @@ import sys
 from typing import Callable
 
 from prefect import Flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.api import ensure_api
 from pipeline.config import load_params
@@ -32,7 +33,11 @@ def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, pos
         load_params(params_file, methods(args))
         if isinstance(flow_fn, Flow):
             ensure_api()  # one Prefect server per `dvc repro`, gone when it is (flows/api.py)
-        flow_fn(params_file=params_file, **args)
+        # No heartbeats from a stage run here: its caller (dvc, a shell) sees it end however it ends, and
+        # Prefect joins the heartbeat thread for up to a second at the end of every flow run (subflows too).
+        # Deployment runs, which a worker starts and only the server watches, keep them.
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            flow_fn(params_file=params_file, **args)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
