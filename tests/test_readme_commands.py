@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PLAIN_PATH, REPO_ROOT, TINY_REPO
+from conftest import PLAIN_PATH, REPO_ROOT, TINY_PARAMS, TINY_REPO
 from pipeline.experiments import presets
 
 README = REPO_ROOT / "README.md"
@@ -108,8 +108,8 @@ ALGORITHMS = TINY_REPO["train"]["algorithms"]
 
 # what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
 SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_per_client=60", "index.R=3",
-          "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]", "audit.public=300",
-          "audit.inverter_epochs=3", "audit.shadow_models=2", "audit.shadow_epochs=1"]
+          "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]",
+          *(f"audit.{key}={value}" for key, value in TINY_PARAMS["audit"].items())]  # the audit's tiny budgets
 
 
 def shrink_flags(cmd: str) -> list[str]:

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import seed_prefect_db, copy_worktree
+from conftest import TINY_PARAMS, copy_worktree, seed_prefect_db
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -114,6 +114,7 @@ def test_worker_runs_the_deployments(tmp_path, prefect_api):  # prefect_api: the
     params["partition"].update(num_clients=4, samples_per_client=60)
     params["index"]["R"] = 3
     params["train"].update(rounds=2, algorithms=["local"], hetero_algorithms=[], threads=1)
+    params["audit"].update(TINY_PARAMS["audit"])  # the pipeline flow audits the run: at the tiny scale's budgets
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     # a plain shell (as the README's commands are run), the server on a free port instead of 4200
