@@ -210,3 +210,15 @@ def test_a_noised_run_is_labelled_and_its_epsilon_sits_in_the_privacy_table():
     head, _, noisy, plain = table.splitlines()
     assert head.endswith("| epsilon |")
     assert noisy.endswith("| 37.9 (delta 1e-05, sigma 1) |") and plain.endswith("| off |")
+
+
+def test_the_averaging_server_floors_noised_variances_at_zero():
+    """Noise can make a BatchNorm running variance negative, and a model loading it computes NaN: the server floors
+    them (post-processing of what it received, no privacy cost); other tensors keep their sign."""
+    from pipeline.federation.averaging import floor_variances
+
+    state = {"bn.running_var": torch.tensor([-0.5, 2.0]), "bn.running_mean": torch.tensor([-0.5]),
+             "conv.weight": torch.tensor([-1.0])}
+    floored = floor_variances(state)
+    assert floored["bn.running_var"].tolist() == [0.0, 2.0]
+    assert floored["bn.running_mean"].tolist() == [-0.5] and floored["conv.weight"].tolist() == [-1.0]

@@ -161,6 +161,13 @@ def state_codes(params, method: str) -> tuple[Spec, Spec]:
             parse_encoding(getattr(section, "encode_up", "float32")))
 
 
+def floor_variances(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BatchNorm's running variances at 0 where noise on the upload (train.dp_noise) made them negative, which would
+    make every model that loads them compute NaN. The server does this to what it received: post-processing, which
+    costs no privacy."""
+    return {n: t.clamp(min=0) if n.endswith("running_var") else t for n, t in state.items()}
+
+
 class ParameterAveraging(Server):
     """The server half of the parameter-averaging methods (FedAvg, MTFL, pFedMe): one global state
     sent to every selected client, replaced by the sample-weighted mean of what they upload."""
@@ -176,6 +183,7 @@ class ParameterAveraging(Server):
         self.buffer: list[tuple[dict[str, torch.Tensor], float]] = []  # async: arrivals not folded yet, with weights
         self.down, self.up = state_codes(ctx.params, self.name)
         self.sent: dict[int, dict[str, torch.Tensor]] = {}  # encoded uploads: the global each client decoded last
+        self.noised = t.dp_noise > 0  # train.dp_noise: the uploads carry noise (pipeline/federation/dp_noise.py)
 
     def wire(self, k):
         """The global state down, the client's state of the same tensors up with its sample count (int32); encoded,
@@ -195,12 +203,11 @@ class ParameterAveraging(Server):
         return {k: [Payload("params", parts)] for k in selected}
 
     def uploaded_state(self, k: int, upload) -> dict[str, torch.Tensor]:
-        """Client k's state from its upload: as it is, or the global it decoded plus its decoded change."""
+        """Client k's state from its upload: as it is, or the global it decoded plus its decoded change; with noise on
+        the uploads, its BatchNorm variances floored at 0 (`floor_variances`)."""
         arrays = upload.payload("params").arrays
-        if self.up.lossless:
-            return arrays
-        base = self.sent[k]
-        return decode_state(self.up, arrays, base, base=base)
+        state = arrays if self.up.lossless else decode_state(self.up, arrays, self.sent[k], base=self.sent[k])
+        return floor_variances(state) if self.noised else state
 
     def mean_upload(self, uploads) -> dict[str, torch.Tensor]:
         states = [self.uploaded_state(k, u) for k, u in uploads.items()]
