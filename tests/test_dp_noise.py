@@ -155,6 +155,15 @@ def test_off_by_default_nothing_moves_and_on_the_values_move_not_the_bytes(tiny_
     assert summary["dp_epsilon"] == pytest.approx(epsilon(1.0, steps * params.train.rounds, 1e-5))
     assert summary["dp_noise"] == 1.0 and summary["dp_clip"] == 5.0 and summary["dp_delta"] == 1e-5
 
+    # killed after round 1 and resumed from its checkpoint: the same noise (seeded by round and client) and releases
+    cut = trainer_for(noised(params, 1.0, 5.0), part, mnist, "fedcache", "cut")
+    cut.start()
+    cut.run_round(1)
+    cut.close()
+    resumed = trainer_for(noised(params, 1.0, 5.0), part, mnist, "fedcache", "cut")
+    assert resumed.run() == {**summary, "run_id": resumed.run_id, "seconds": resumed.summary()["seconds"]}
+    assert resumed.run_id == cut.run_id and resumed.history == on.history  # resumed, not started again
+
 
 def test_a_fedavg_upload_is_the_download_plus_its_clipped_noised_change(tiny_workspace, mnist):
     """The server's copy of a client's model is the global state it sent plus the change clipped to C (and noised):
