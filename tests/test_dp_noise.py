@@ -231,3 +231,25 @@ def test_the_averaging_server_floors_noised_variances_at_zero():
     floored = floor_variances(state)
     assert floored["bn.running_var"].tolist() == [0.0, 2.0]
     assert floored["bn.running_mean"].tolist() == [-0.5] and floored["conv.weight"].tolist() == [-1.0]
+
+
+@pytest.mark.parametrize("method", ["fd", "fedproto"])
+def test_a_per_class_upload_is_one_release_a_round_with_its_ids_and_counts_in_the_clear(tiny_workspace, mnist, method):
+    _, params, part = tiny_workspace
+    trainer = trainer_for(with_section(noised(params, 1.0, 2.0), "train", rounds=1), part, mnist, method, method)
+    got, receive = {}, trainer.sim.receive
+
+    def keep(round_, client, upload, at=None):
+        if round_ == 1:
+            got[client] = upload.payloads
+        return receive(round_, client, upload, at)
+
+    trainer.sim.receive = keep
+    summary = trainer.run()
+    assert summary["dp_releases"] == 1 and summary["dp_epsilon"] == pytest.approx(epsilon(1.0, 1, 1e-5))
+    for client in trainer.clients:
+        [up] = got[client.id]
+        held = torch.unique(client.y_train.cpu())
+        assert torch.equal(torch.as_tensor(up.arrays["class_ids"]).cpu(), held)  # in the clear
+        if method == "fedproto":
+            assert torch.equal(up.arrays["counts"].cpu(), torch.bincount(client.y_train.cpu())[held])
