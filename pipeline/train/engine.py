@@ -8,7 +8,8 @@ One round, top to bottom (Simulation.run_round, then Trainer._finish_round):
   1. pick the participating clients (seeded, `train.participation`);
   2. the method's server half makes each selected client's download (`configure`);
   3. the executor runs the client halves (local training) and collects their uploads (each
-     selected client gets a fresh SGD optimizer first when `train.fresh_optimizer` is on);
+     selected client gets a fresh SGD optimizer first when `train.fresh_optimizer` is on); with `train.dp_noise`,
+     each upload is clipped and noised as it leaves its client (`Simulation.noised`, pipeline/federation/dp_noise.py);
   4. the server half folds the uploads into its state (`aggregate`);
   5. every `eval_every` rounds, evaluate *all* clients on their own test split (a client task
      the executor runs; the server half turns the clients' accuracies into the round's figures);
