@@ -17,6 +17,14 @@ from pipeline.errors import UserError
 USER_ERRORS = (UserError, FileNotFoundError)
 
 
+def without_heartbeats():
+    """Flow runs started inside send no Prefect heartbeats. Prefect joins a run's heartbeat thread for up to a
+    second when the run ends (every subflow's too), and heartbeats only tell a server that watches a run alone
+    (a worker's deployment run) that its process is alive: a stage run from the command line has a caller that
+    sees it end, and the whole-pipeline flow's own heartbeats already speak for its subflows."""
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
 def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = (),
               flags: tuple[str, ...] = (), methods: Callable[[dict], tuple[str, ...]] = lambda args: ()) -> int:
     """Run a stage's flow from its command line; `methods(args)`: the method sections it reads."""
@@ -33,10 +41,7 @@ def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, pos
         load_params(params_file, methods(args))
         if isinstance(flow_fn, Flow):
             ensure_api()  # one Prefect server per `dvc repro`, gone when it is (flows/api.py)
-        # No heartbeats from a stage run here: its caller (dvc, a shell) sees it end however it ends, and
-        # Prefect joins the heartbeat thread for up to a second at the end of every flow run (subflows too).
-        # Deployment runs, which a worker starts and only the server watches, keep them.
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with without_heartbeats():  # its caller (dvc, a shell) sees it end however it ends
             flow_fn(params_file=params_file, **args)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

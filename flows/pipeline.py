@@ -13,6 +13,7 @@ import flows  # noqa: F401
 from prefect import flow
 
 from flows.audit import audit_flow
+from flows.cli import without_heartbeats
 from flows.encode import encode_flow
 from flows.index import index_flow
 from flows.partition import partition_flow
@@ -23,19 +24,20 @@ from pipeline.config import load_params
 
 @flow(name="fedcache-pipeline")
 def pipeline_flow(params_file: str = "params.yaml") -> dict:
-    out = {
-        "partition": partition_flow(params_file),
-        "encode": encode_flow(params_file),
-        "index": index_flow(params_file),
-    }
-    train = load_params(params_file, methods=()).train
-    for algorithm in train.algorithms:
-        out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
-    for algorithm in train.hetero_algorithms:
-        out[f"train-hetero@{algorithm}"] = train_flow(algorithm, params_file, hetero=True)
-    for algorithm in train.algorithms:  # dvc.yaml's audit@<algorithm>: after the runs, as `dvc repro` orders it
-        out[f"audit@{algorithm}"] = audit_flow(algorithm, params_file)
-    out["report"] = report_flow(params_file)
+    with without_heartbeats():  # the subflows': this flow's own speak for them (flows/cli.py)
+        out = {
+            "partition": partition_flow(params_file),
+            "encode": encode_flow(params_file),
+            "index": index_flow(params_file),
+        }
+        train = load_params(params_file, methods=()).train
+        for algorithm in train.algorithms:
+            out[f"train@{algorithm}"] = train_flow(algorithm, params_file)
+        for algorithm in train.hetero_algorithms:
+            out[f"train-hetero@{algorithm}"] = train_flow(algorithm, params_file, hetero=True)
+        for algorithm in train.algorithms:  # dvc.yaml's audit@<algorithm>: after the runs, as `dvc repro` orders it
+            out[f"audit@{algorithm}"] = audit_flow(algorithm, params_file)
+        out["report"] = report_flow(params_file)
     return out
 
 

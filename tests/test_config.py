@@ -372,6 +372,36 @@ def test_stage_cli_validates_before_calling_the_flow(write_params, tmp_path, mon
     assert "device = 'tpu'" in capsys.readouterr().err
 
 
+def test_a_stage_run_from_the_cli_sends_no_heartbeats(default_params_raw, write_params, tmp_path, monkeypatch):
+    """flows/cli.py: Prefect joins a flow run's heartbeat thread for up to a second at its end; a stage run from
+    the command line (and the whole-pipeline flow's subflows) runs without them, a deployment run keeps them."""
+    from prefect.settings import get_current_settings
+
+    from flows.cli import run_stage
+
+    seen = []
+    good = write_params(default_params_raw)
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(lambda params_file: seen.append(get_current_settings().flows.heartbeat_frequency),
+                     argv=["--params", str(good)]) == 0
+    assert seen == [None]
+    assert get_current_settings().flows.heartbeat_frequency is not None  # only inside the stage's run
+
+    # the whole-pipeline flow (what a deployment runs): its subflows, not itself
+    from flows import pipeline
+
+    def record(*args, **kwargs) -> None:
+        seen.append(get_current_settings().flows.heartbeat_frequency)
+
+    seen.clear()
+    for name in ("partition_flow", "encode_flow", "index_flow", "train_flow", "audit_flow", "report_flow"):
+        monkeypatch.setattr(pipeline, name, record)
+    pipeline.pipeline_flow.fn(str(good))
+    train = default_params_raw["train"]
+    stages = 3 + 2 * len(train["algorithms"]) + len(train["hetero_algorithms"]) + 1  # + each audit, the report
+    assert seen == [None] * stages
+
+
 def test_stage_cli_missing_params_file(tmp_path, monkeypatch, capsys):
     from flows.cli import run_stage
 
