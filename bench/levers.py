@@ -262,6 +262,11 @@ STARTUP = (  # (what, set-up not timed, the timed statement), each in a fresh in
     ("load FashionMNIST (data/raw)", "from pathlib import Path\nfrom pipeline.data.datasets import load_dataset",
      "load_dataset('fashion_mnist', Path('data/raw'))"),
 )
+# the end of a stage: the interpreter's shutdown after the training stage's imports and first optimizer, as it was
+# and with the heap frozen first (gc.freeze(), what flows/cli.py's run_stage does): its full collections skip it
+STAGE_HEAP = "import flows.train\nimport torch\ntorch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)"
+EXITS = (("the exit after the training stage's imports", ""),
+         ("the same exit, the heap frozen first (gc.freeze(), flows/cli.py)", "import gc\ngc.freeze()"))
 
 
 def startup_once(setup: str, statement: str) -> dict:
@@ -279,10 +284,26 @@ def startup_once(setup: str, statement: str) -> dict:
     return {"s": wall if statement == "pass" else float(seconds), "dynamo": dynamo == "True"}
 
 
+def exit_once(before_exit: str) -> dict:
+    """One fresh interpreter with the training stage's heap (STAGE_HEAP): seconds from its last statement to the
+    end of the process (wall clock, both sides)."""
+    code = "\n".join(["import sys, time", f"sys.path.insert(0, {str(ROOT)!r})", STAGE_HEAP, before_exit,
+                      "print(time.time(), 'torch._dynamo' in sys.modules, flush=True)"])
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True)
+    ended = time.time()
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    last, dynamo = out.stdout.split()[-2:]
+    return {"s": ended - float(last), "dynamo": dynamo == "True"}
+
+
 def startup(repeats: int = 3) -> list[dict]:
     rows = []
-    for what, setup, statement in STARTUP:
-        runs = [startup_once(setup, statement) for _ in range(repeats)]
+    parts = [(what, lambda setup=setup, statement=statement: startup_once(setup, statement))
+             for what, setup, statement in STARTUP]
+    parts += [(what, lambda before=before: exit_once(before)) for what, before in EXITS]
+    for what, once in parts:
+        runs = [once() for _ in range(repeats)]
         errors = [r["error"] for r in runs if "error" in r]
         row = {"what": what, "seconds": [r["s"] for r in runs if "s" in r],
                "dynamo": any(r.get("dynamo") for r in runs)}
@@ -355,6 +376,8 @@ def table(result: dict) -> str:
         lines.append(f"| {note['lever']} | {note['why']} | | | | | | | | |")
     if result.get("startup"):
         lines += [""] if lines else []
+        if result.get("startup_measured"):  # measured apart from the levers above
+            lines += [f"Start-up parts measured {result['startup_measured']}.", ""]
         lines += ["| start-up part (fresh process) | s (median of runs) | runs | torch._dynamo imported |",
                   "|---|---|---|---|"]
         for s in result["startup"]:
@@ -456,7 +479,7 @@ def measure(args) -> dict:
                          f"{'synthetic' if args.synthetic else 'FashionMNIST'} samples, ResNet-8, FedCache `step` "
                          "consistency, vectorized executor"
                          + (f", evaluation on each client's first {args.eval_rows} rows" if args.eval_rows else ""),
-              "command": shlex.join(["python", "bench/levers.py", *sys.argv[1:]])}
+              "command": shlex.join(["python", "bench/levers.py", *args.argv])}
     return {"header": header, "rows": rows, "absent": absent,
             "startup": startup(args.startup_repeats) if "startup" in args.levers else []}
 
@@ -486,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", action="store_true", help="render bench/results/levers-*.json into docs/executors.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: one variant in this process
     args = ap.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # the command the result file names
     if args.docs:
         write_docs()
         return 0
@@ -495,8 +519,12 @@ def main(argv: list[str] | None = None) -> int:
                                  args.threads)))
         return 0
     result = measure(args)
-    print("\n" + "\n".join(header_lines(result["header"])) + "\n\n" + table(result))
     path = args.json or default_json(args)
+    if args.levers == ["startup"] and path.is_file():  # the start-up table alone: the kept levers' rows stay
+        kept = json.loads(path.read_text())
+        result = {**kept, "startup": result["startup"],
+                  "startup_measured": f"{result['header']['date']} with `{result['header']['command']}`"}
+    print("\n" + "\n".join(header_lines(result["header"])) + "\n\n" + table(result))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwritten to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")

@@ -98,6 +98,25 @@ def test_the_docs_section_is_what_the_result_files_render(repo_root):
         assert levers.render_docs(results, text) == text, "stale: run .venv/bin/python bench/levers.py --docs"
 
 
+def test_the_start_up_table_alone_replaces_only_the_start_up_rows(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "levers.json"
+    path.write_text(json.dumps(made_up_result()))
+    fresh = [{"what": "the exit after the training stage's imports", "seconds": [1.5], "dynamo": True}]
+    monkeypatch.setattr(levers, "startup", lambda repeats: fresh)  # no interpreters started here
+    assert levers.main(["--levers", "startup", "--json", str(path)]) == 0
+    saved = json.loads(path.read_text())
+    assert saved["rows"] == made_up_result()["rows"] and saved["header"] == HEADER  # the levers' run, kept
+    assert saved["startup"] == fresh and "--levers startup" in saved["startup_measured"]
+    assert "Start-up parts measured " in levers.table(saved)
+    assert "| the exit after the training stage's imports | 1.50 | 1 | yes |" in levers.table(saved)
+
+
+def test_the_start_up_parts_include_the_exit_with_and_without_a_frozen_heap():
+    assert [what for what, _ in levers.EXITS] == ["the exit after the training stage's imports",
+                                                  "the same exit, the heap frozen first (gc.freeze(), flows/cli.py)"]
+    assert "gc.freeze()" in levers.EXITS[1][1] and levers.EXITS[0][1] == ""
+
+
 @pytest.mark.slow  # child processes that import torch and train: the end-to-end tier
 def test_one_tiny_lever_run_end_to_end(tmp_path, repo_root):
     out = tmp_path / "levers.json"
