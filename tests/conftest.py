@@ -345,6 +345,16 @@ def seed_prefect_db(home: Path) -> None:
         src.backup(dst)
 
 
+def require_current_venv(repo: Path, env: dict) -> None:
+    """Fail unless `make` in this copy (its .venv a link to the checkout's) would leave the venv as it is: with the
+    venv older than pyproject.toml it would reinstall, from the copy, into the checkout's venv, pointing its
+    editable install at a temporary folder."""
+    import subprocess
+
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=env, capture_output=True).returncode:
+        pytest.fail("the venv is older than pyproject.toml: run `make venv` first")
+
+
 def _build_template(path: Path, prefect_api: str) -> str:
     """Copy the working tree to `path`, commit it, build it with `dvc repro` from a plain shell; the output."""
     import subprocess
@@ -364,9 +374,7 @@ def _build_template(path: Path, prefect_api: str) -> str:
         subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
     seed_prefect_db(repo / ".prefect")
     builder = BuiltRepo(repo, path.parent, prefect_api)
-    # make would reinstall an out-of-date venv, here into the linked one from the copy: never from a test
-    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=builder.env, capture_output=True).returncode:
-        pytest.fail("the venv is older than pyproject.toml: run `make venv` first")
+    require_current_venv(repo, builder.env)
     out = builder.sh(".venv/bin/dvc repro", timeout=900)  # the README's first command, as written, from a plain shell
     # its Prefect server follows dvc out (flows/api.py): copies are taken once it has closed its database
     servers = repo / ".prefect" / "stage-servers"

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import TINY_PARAMS, TINY_SPLITS, copy_worktree, seed_prefect_db
+from conftest import TINY_PARAMS, TINY_SPLITS, copy_worktree, require_current_venv, seed_prefect_db
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -122,6 +122,7 @@ def test_worker_runs_the_deployments(tmp_path, prefect_api):  # prefect_api: the
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "PREFECT_PORT": str(port),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_WORKER_QUERY_SECONDS": "1"}
     bash = lambda line: ["bash", "-c", line.replace(":4200/", f":{port}/")]  # noqa: E731
+    require_current_venv(repo, env)  # `make server` and `make worker` set up what is missing first
     with started(bash(server_cmd), repo, env, tmp_path / "server.log") as server:
         wait_healthy(f"http://127.0.0.1:{port}/api/health", server, tmp_path / "server.log")
         with started(bash(worker_cmd), repo, env, tmp_path / "worker.log") as worker:
