@@ -437,6 +437,15 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=group)  # stable: file order within a group
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, Prefect, Streamlit, DuckDB, Dask: millions of objects) lives as long as the
+    worker: frozen out of the cyclic collector's sight, its full collections walk only what the tests make (as a
+    stage does: flows/cli.py)."""
+    import gc
+
+    gc.freeze()
+
+
 def pytest_sessionfinish(session):
     thread = getattr(session.config, "_background_build", None)
     if thread is not None:
