@@ -14,6 +14,7 @@ second once the owner is gone, however it went.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -178,6 +179,7 @@ def serve(owner: int, owner_start: int, port: int, record: Path | None) -> int:
     finally:
         if record is not None:
             record.unlink(missing_ok=True)
+        gc.freeze()  # the interpreter's shutdown collections skip the server's heap (as a stage's: flows/cli.py)
     return 0
 
 
