@@ -32,6 +32,15 @@ def _checkpoint_round(path):
         return -1
 
 
+def _stamp(path):
+    """(modification time, size) of the file, None while it is not there: a new checkpoint changes it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 RESULTS = paths.run_results("fedcache")
 
 
@@ -83,8 +92,12 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api, sch
     # 2. the same run, killed (SIGKILL, no clean-up) once round 3 is checkpointed
     ckpt = paths.checkpoint_path("fedcache")
     proc = _start(cwd)
-    deadline = time.monotonic() + 300
-    while _checkpoint_round(ckpt) < 3:
+    deadline, seen = time.monotonic() + 300, None
+    while True:  # read the checkpoint only when it was written again (a load at every poll slowed the run down)
+        stamp = _stamp(ckpt)
+        if stamp != seen and _checkpoint_round(ckpt) >= 3:
+            break
+        seen = stamp
         assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.01)
