@@ -37,6 +37,8 @@ def pipeline_flow(params_file: str = "params.yaml") -> dict:
             out[f"train-hetero@{algorithm}"] = train_flow(algorithm, params_file, hetero=True)
         for algorithm in train.algorithms:  # dvc.yaml's audit@<algorithm>: after the runs, as `dvc repro` orders it
             out[f"audit@{algorithm}"] = audit_flow(algorithm, params_file)
+        for algorithm in train.hetero_algorithms:
+            out[f"audit-hetero@{algorithm}"] = audit_flow(algorithm, params_file, hetero=True)
         out["report"] = report_flow(params_file)
     return out
 

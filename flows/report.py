@@ -41,8 +41,9 @@ def make_report(params: Params, gathered: list[tuple[dict, str]]) -> list[dict]:
     rebuilt = rebuild_index(paths.RESULTS_DB, paths.RUNS, comparison=(",".join(s.run_id for s in runs), rows),
                             differences=diffs)
     print(rebuilt.message)
-    # the privacy audit of each homogeneous run that has one (audit@<method>)
-    audits = read_audits([paths.run_name(a) for a in params.train.algorithms])
+    # the privacy audit of each run that has one (audit@<method>, audit-hetero@<method>)
+    audits = read_audits([paths.run_name(a) for a in params.train.algorithms]
+                         + [paths.run_name(a, hetero=True) for a in params.train.hetero_algorithms])
     summaries = {paths.run_name(s["algorithm"], s.get("setting") == "hetero"): s for s, _ in gathered}
     privacy = [privacy_row(name, audit, summaries.get(name)) for name, audit in audits.items()]
     noise = {name: noise_of(s) for name, s in summaries.items() if noise_of(s) is not None}

@@ -41,8 +41,13 @@ def stage_of_run(name: str) -> str:
     return stage(name[: -len("-hetero")] if hetero else name, hetero)
 
 
+def audit_stage_of_run(name: str) -> str:
+    """The DVC stage that audits the run of this directory name: audit@<algorithm> or audit-hetero@<algorithm>."""
+    return "audit" + stage_of_run(name).removeprefix("train")
+
+
 def audit_file(algorithm: str, hetero: bool = False) -> Path:
-    """The audit of a run (stage audit@<algorithm>)."""
+    """The audit of a run (stage audit@<algorithm> or audit-hetero@<algorithm>)."""
     return AUDITS / run_name(algorithm, hetero) / "audit.json"
 
 

@@ -143,6 +143,33 @@ def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_a
         rebuild_index(paths.RESULTS_DB, paths.RUNS)
 
 
+def test_a_heterogeneous_run_is_audited_with_shadows_of_each_architecture(tiny_workspace, mnist):
+    """audit-hetero@<method>: clients 0, 1, 2 hold ResNet-8, -16, -20 (HETERO_CYCLE); the model holder's LiRA
+    trains shadows of each; a damaged audit of the run names the heterogeneous stage that rewrites it."""
+    from pipeline.audit.run import SHADOWS
+    from pipeline.errors import ResultsError
+    from pipeline.federation.clients import HETERO_CYCLE
+    from pipeline.methods.registry import REGISTRY
+    from pipeline.results.store import RunResultsDB, rebuild_index
+    from pipeline.train.engine import Trainer
+
+    _, params, part = tiny_workspace
+    params = with_section(tiny(params, "fedcache"), "audit", **SMALL)
+    run = paths.run_dir("fedcache", hetero=True)
+    Trainer(params, REGISTRY["fedcache"], part, mnist, run, paths.checkpoint_path("fedcache", hetero=True),
+            RunResultsDB(run / "run.duckdb"), [paths.PARTITION], hetero=True).run()
+    result = audit_run(params, "fedcache", part, mnist, run, hetero=True)
+    assert result["run"] == "fedcache-hetero" and result["reconstruction"]["applies"]
+    assert result["membership"]["lira"]["n_clients"] == 3
+    kept = sorted(SHADOWS.glob("*.pt"))
+    assert len(kept) == len(HETERO_CYCLE) == 3  # one set of shadows an architecture
+    out = paths.audit_file("fedcache", hetero=True)
+    out.parent.mkdir(parents=True)
+    out.write_text("{not json")
+    with pytest.raises(ResultsError, match=r"fedcache-hetero/audit\.json is damaged .*repro -f audit-hetero@fedcache`"):
+        rebuild_index(paths.RESULTS_DB, paths.RUNS)
+
+
 def test_the_shadows_are_trained_once_and_shared_by_the_audits_of_one_architecture(tiny_workspace, mnist,
                                                                                    monkeypatch):
     from pipeline.audit import membership

@@ -398,7 +398,7 @@ def test_a_stage_run_from_the_cli_sends_no_heartbeats(default_params_raw, write_
         monkeypatch.setattr(pipeline, name, record)
     pipeline.pipeline_flow.fn(str(good))
     train = default_params_raw["train"]
-    stages = 3 + 2 * len(train["algorithms"]) + len(train["hetero_algorithms"]) + 1  # + each audit, the report
+    stages = 3 + 2 * len(train["algorithms"]) + 2 * len(train["hetero_algorithms"]) + 1  # + each audit, the report
     assert seen == [None] * stages
 
 

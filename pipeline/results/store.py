@@ -503,7 +503,7 @@ def audit_figures(audit_dir: str | Path) -> list[tuple]:
                     for metric, v in audit.get("figures", {}).items() if audit.get("run_id")]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ResultsError(f"{path} is damaged ({type(err).__name__}: {err}); write it again with "
-                               f"`dvc repro -f audit@{path.parent.name}`", path, "damaged") from None
+                               f"`dvc repro -f {paths.audit_stage_of_run(path.parent.name)}`", path, "damaged") from None
     return out
 
 
