@@ -57,10 +57,30 @@ def _summary(workspace: Path, name: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _paired(workspace: Path, noise: dict[float, Path]) -> dict[float, dict]:
+    """Each noised run's MAUA against the workspace's (sigma 0), paired by client (pipeline.results.compare's
+    differences); none where a run's results file is missing."""
+    from pipeline.results.compare import differences
+    from pipeline.results.store import ResultsDB
+
+    series = {}
+    for sigma, place in {0.0: workspace, **noise}.items():
+        path, summary = place / "results/runs/fedcache/run.duckdb", _summary(place, "fedcache")
+        if path.is_file() and "run_id" in summary:
+            series[sigma] = ResultsDB(path).series([summary["run_id"]])[0]
+    if 0.0 not in series:
+        return {}
+    labels = {s.label: sigma for sigma, s in series.items()}
+    return {labels[d["label"]]: d for d in differences(list(series.values()))
+            if d["vs"] == series[0.0].label and d["label"] in labels and d.get("maua_diff") is not None}
+
+
 def noise_curve(workspace: Path, noise: dict[float, Path]) -> list[dict]:
-    """FedCache at each noise multiplier (the workspace's own, then `noise`'s): its accuracy, its epsilon (from the
-    run's summary) and its audit's figures, one row a multiplier, the smallest first."""
+    """FedCache at each noise multiplier (the workspace's own, then `noise`'s): its accuracy (and, against the
+    workspace's run without noise, the paired difference), its epsilon (from the run's summary) and its audit's
+    figures, one row a multiplier, the smallest first."""
     train = _params(workspace)["train"]
+    paired = _paired(workspace, noise) if float(train.get("dp_noise", 0)) == 0 else {}
     curve = []
     for sigma, place in sorted({float(train.get("dp_noise", 0)): workspace, **noise}.items()):
         audit, m = _audits(place).get("fedcache"), _metrics(place).get("fedcache", {})
@@ -68,8 +88,11 @@ def noise_curve(workspace: Path, noise: dict[float, Path]) -> list[dict]:
             continue
         p = _params(place)["train"]
         row = privacy_row("fedcache", audit, _summary(place, "fedcache"))
+        d = paired.get(sigma, {})
         curve.append({"sigma": sigma, "clip": p.get("dp_clip"), "dp": row["dp"], "maua": m.get("maua"),
                       "maua_low": m.get("maua_low"), "maua_high": m.get("maua_high"),
+                      "vs_off": None if not d else {"mean": d["maua_diff"], "low": d["maua_low"],
+                                                    "high": d["maua_high"], "verdict": d["maua_verdict"]},
                       **{k: row[k] for k in ("psnr", "mia_auc", "mia_tpr", "lira_auc", "label_tv")}})
     return curve
 
@@ -128,6 +151,10 @@ def _maua(row: dict) -> str:
     return f"{row['maua']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
 
 
+def _vs_off(d: dict | None) -> str:
+    return "n/a" if d is None else f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] {d['verdict']}"
+
+
 def section(results: list[dict]) -> str:
     """Each CPU's privacy table, the audit's time, and FedCache's bits curve."""
     parts = []
@@ -151,10 +178,12 @@ def section(results: list[dict]) -> str:
                       "accuracy, the formal bound (epsilon at delta, per client over the run) and what the audit "
                       "measures. The noise covers the per-round logits, not the set-up's hash codes (reconstruction) "
                       "nor the final models (membership).", "",
-                      "| sigma | C | epsilon | MAUA [95%] | PSNR dB (codes) | MIA AUC (loss) | TPR @ 1% FPR | "
-                      "MIA AUC (LiRA) | label-mix TV |", "|---|---|---|---|---|---|---|---|---|",
+                      "| sigma | C | epsilon | MAUA [95%] | MAUA vs no noise (paired by client) | PSNR dB (codes) | "
+                      "MIA AUC (loss) | TPR @ 1% FPR | MIA AUC (LiRA) | label-mix TV |",
+                      "|---|---|---|---|---|---|---|---|---|---|",
                       *[f"| {c['sigma']:g} | {'n/a' if c['clip'] is None else format(c['clip'], 'g')} | "
-                        f"{epsilon_cell(c['dp'])} | {_maua(c)} | {_pm(c['psnr'], 1)} | {_pm(c['mia_auc'], 2)} | "
+                        f"{epsilon_cell(c['dp'])} | {_maua(c)} | {_vs_off(c.get('vs_off'))} | {_pm(c['psnr'], 1)} | "
+                        f"{_pm(c['mia_auc'], 2)} | "
                         f"{_pm(c['mia_tpr'], 2)} | {_pm(c['lira_auc'], 2)} | {_pm(c['label_tv'], 2)} |"
                         for c in r["noise_curve"]], ""]
     return "\n".join(parts).strip() or NOT_MEASURED
