@@ -63,7 +63,7 @@ def test_the_noise_curve_comes_from_the_noised_workspaces(tmp_path):
     assert "| 0 | n/a | off | 0.660 [0.630, 0.690] | n/a | 15.5 [14.9, 16.1] | 0.61 [0.59, 0.63] |" in page
     assert ("| 1 | 20 | 123.4 (delta 1e-05, sigma 1) | 0.520 [0.490, 0.550] | n/a | 15.5 [14.9, 16.1] | "
             "0.58 [0.56, 0.60] |") in page  # no results files here: no paired difference
+    assert privacy_docs.render(page, tmp_path) == page
     curve[1]["vs_off"] = {"mean": -0.14, "low": -0.2, "high": -0.08, "verdict": "behind"}
     (tmp_path / "privacy-made-up.json").write_text(json.dumps({**RESULT, "noise_curve": curve}))
     assert "| 0.520 [0.490, 0.550] | -0.140 [-0.200, -0.080] behind |" in privacy_docs.render("# Privacy\n", tmp_path)
-    assert privacy_docs.render(page, tmp_path) == page
