@@ -8,6 +8,7 @@ samples of a scaled-down partition; a full-data partition leaves none, and the a
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -137,11 +138,13 @@ def client_loss(params: Params, method: str):
     cross-entropy, or FedAlt's CE on every exit with block-level self-distillation (its round-1 weight)."""
     if method != "fedalt":
         return gradient_inversion.cross_entropy_loss
-    from pipeline.methods.fedalt.method import distill_weight, fedalt_loss_rows
-
+    # FedAlt's own code, reached through the registry by name as training reaches it: an audit stage depends on its
+    # own method's folder only (dvc.yaml), so no other method's audit imports FedAlt's module
+    fedalt = sys.modules[method_class(method).__module__]
     cfg = params.fedalt
-    lam = distill_weight(cfg, 1)
-    return lambda model, x, y: fedalt_loss_rows(model.forward_all(x), y, lam, cfg.T, cfg.distill == "two_way").mean()
+    lam = fedalt.distill_weight(cfg, 1)
+    return lambda model, x, y: fedalt.fedalt_loss_rows(model.forward_all(x), y, lam, cfg.T,
+                                                       cfg.distill == "two_way").mean()
 
 
 def _gradient_inversion(params: Params, method: str, part: Partition, ds: ImageDataset, run_dir: Path,
