@@ -60,7 +60,8 @@ def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -
     # belong to the run's end, not to a round
     train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
                             eval_batch_size=512, model=model, group_size=group_size, executor="vectorized",
-                            fresh_optimizer=False, rounds=30, schedule="sync", precision="float32")
+                            fresh_optimizer=False, rounds=30, schedule="sync", precision="float32",
+                            dp_noise=0.0, dp_clip=None, dp_delta=1e-5)  # no noise on uploads (params.yaml's)
     fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip", encode_up="float32",
                                encode_down="float32")
     fedavg = SimpleNamespace(eval_model="personalized", encode_up="float32", encode_down="float32")
