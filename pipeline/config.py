@@ -338,7 +338,7 @@ class AuditParams(Section):
     # the attacks' budgets (flows/audit.py reads these)
     public: int = Field(1000, ge=0)  # public samples the attacker trains on: unused training samples, seeded
     inverter_epochs: int = Field(30, ge=1)  # code inversion: the inverter's epochs on the public codes
-    dlg_clients: int = Field(2, ge=1)  # gradient inversion (FedAvg): clients whose round-1 update is inverted
+    dlg_clients: int = Field(2, ge=1)  # gradient inversion (FedAvg, MTFL, pFedMe, FedAlt): round-1 updates inverted
     dlg_steps: int = Field(200, ge=1)  # DLG's optimiser (Adam) steps on each
     members: int = Field(64, ge=2)  # membership: members (and as many non-members) a client, seeded
     shadow_models: int = Field(4, ge=0)  # offline LiRA's shadow models an architecture (0: loss threshold only)
