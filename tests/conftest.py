@@ -60,6 +60,18 @@ def write_params(tmp_path):
     return _write
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of small models (restored after): a second one only contends with the
+    other test worker on a busy 2-core machine. Use: pytestmark = pytest.mark.usefixtures("one_torch_thread")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def synthetic_labels() -> tuple[np.ndarray, np.ndarray]:
     """(train_y, test_y): 10 classes x 600 train and x 100 test, int64, in a shuffled order."""

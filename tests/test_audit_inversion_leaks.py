@@ -24,17 +24,12 @@ from pipeline.audit.gradient_inversion import dlg, model_gradient, pfedme_delta_
 from pipeline.audit.image_scores import psnr_ssim
 from pipeline.audit.reconstruction import mean_image_baseline, train_inverter
 from pipeline.federation.clients import to_tensor
+from test_audit_reconstruction import sigmoid_lenet
 
 N_PUBLIC, N_PRIVATE = 1000, 200
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are too small to gain from a second thread, which only contends on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
 
 
 def split(images: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,17 +82,8 @@ def test_a_convolutional_inverter_needs_maps_of_the_images_size():
 
 # --- DLG on part of a model ------------------------------------------------------------------------------
 
-def sigmoid_lenet(seed: int) -> nn.Module:
-    """DLG's test model at 14 x 14 (as tests/test_audit_reconstruction.py's); its first convolution plays a layer
-    the client keeps (MTFL's BatchNorm): the server does not hold its gradient."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Conv2d(1, 12, 5, 2, 2), nn.Sigmoid(), nn.Conv2d(12, 12, 5, 1, 2), nn.Sigmoid(),
-                          nn.Flatten(), nn.Linear(12 * 7 * 7, 10))
-    for p in model.parameters():
-        nn.init.uniform_(p, -0.5, 0.5)
-    return model
-
-
+# DLG's test model (tests/test_audit_reconstruction.py); its first convolution plays a layer the client keeps
+# (MTFL's BatchNorm): the server does not hold its gradient
 SHARED = {"2.weight", "2.bias", "5.weight", "5.bias"}  # every tensor but the private first convolution
 
 

@@ -57,13 +57,7 @@ def _train(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, seed: in
     return model.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small models on a shared 2-core machine: a second intra-op thread only contends (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
 
 
 def _resnet8() -> nn.Module:

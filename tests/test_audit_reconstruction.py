@@ -37,13 +37,7 @@ from pipeline.index.encoder import build_encoder, encode
 N_PUBLIC, N_PRIVATE = 1000, 200
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are too small to gain from a second thread, which only contends on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +153,7 @@ def test_a_weight_change_reads_back_as_its_constant_gradient(momentum):
 
 # --- DLG: an image from its gradient ------------------------------------------------------------------
 
-def _sigmoid_lenet(seed: int) -> nn.Module:
+def sigmoid_lenet(seed: int) -> nn.Module:
     """DLG's test model, scaled to 14 x 14: sigmoid convolutions (twice differentiable), weights in +-0.5."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Conv2d(1, 12, 5, 2, 2), nn.Sigmoid(), nn.Conv2d(12, 12, 5, 1, 2), nn.Sigmoid(),
@@ -172,7 +166,7 @@ def _sigmoid_lenet(seed: int) -> nn.Module:
 @pytest.mark.slow  # a learning check: trains an inverter / runs DLG to convergence
 @pytest.mark.parametrize("planted", [True, False], ids=["gradient", "zeros"])
 def test_dlg_recovers_a_digit_from_its_gradient_and_nothing_from_zeros(small_mnist, planted):
-    model = _sigmoid_lenet(1)
+    model = sigmoid_lenet(1)
     image, label = small_mnist.train_x[1:2], small_mnist.train_y[1:2]
     grads = model_gradient(model, to_tensor(image), torch.as_tensor(label))
     if not planted:  # leak removed: the server is handed no information
