@@ -48,7 +48,12 @@ def audit_stage_of_run(name: str) -> str:
 
 def audit_file(algorithm: str, hetero: bool = False) -> Path:
     """The audit of a run (stage audit@<algorithm> or audit-hetero@<algorithm>)."""
-    return AUDITS / run_name(algorithm, hetero) / "audit.json"
+    return audit_file_of_run(run_name(algorithm, hetero))
+
+
+def audit_file_of_run(name: str) -> Path:
+    """The audit of the run of this directory name (see run_name)."""
+    return AUDITS / name / "audit.json"
 
 
 def checkpoint_path(algorithm: str, hetero: bool = False) -> Path:

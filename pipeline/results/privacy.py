@@ -24,7 +24,7 @@ def read_audits(run_names: list[str]) -> dict[str, dict]:
     """run name -> its audit, for the runs that have one (an unaudited run: audit.capture off, or no audit stage)."""
     out = {}
     for name in run_names:
-        path = paths.AUDITS / name / "audit.json"
+        path = paths.audit_file_of_run(name)
         if path.is_file():
             audit = json.loads(path.read_text())
             if audit.get("captured", True):
