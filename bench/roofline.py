@@ -115,6 +115,9 @@ def bf16_units(flags: set[str] | None = None) -> str | None:
 
 
 NO_UNITS = "emulated, no bf16 units"
+BF16_SMALLER = ("without bf16 units the product is emulated, and its rate falls as the matrices outgrow the caches "
+                "(a 4096 one ran for minutes without finishing), so the smaller product gives the emulated peak "
+                "its best case.")
 EMULATED = ("none (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): bf16 is emulated, so its peak and rounds measure "
             "the emulation, slower than fp32")
 EMULATED_ROWS = ("Without bf16 units the bf16 rows set emulated convolutions (oneDNN's) against an emulated GEMM "
@@ -421,7 +424,7 @@ def achieved(result: dict, peak: float) -> float:
 # ------------------------------------------------------------------------------------------------ the tables
 
 def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: dict[str, list[dict]],
-             gemm_n: int) -> str:
+             gemm_n: int, bf16_gemm_n: int | None = None) -> str:
     units = header.get("bf16_units")  # the CPU's bf16 instructions, None: none
     lines = [f"# Roofline: FedCache rounds against the CPU's peak ({header['cpu']})", "",
              f"Measured {header['date']} with `{header['command']}`: torch {torch.__version__}, "
@@ -431,6 +434,8 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
              "or the optimizer.", "",
              f"## Peak: a {gemm_n} x {gemm_n} GEMM, best of the repeats", "",
              f"bf16 units: {units or EMULATED}.", "",
+             *([f"The bf16 GEMM is {bf16_gemm_n} x {bf16_gemm_n}: {BF16_SMALLER}", ""]
+               if bf16_gemm_n and bf16_gemm_n != gemm_n else []),
              "| torch threads | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|"]
     for threads in sorted({t for t, _ in peaks}):
         bf16 = peaks.get((threads, "bf16"))
@@ -490,6 +495,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of every executor (default: its own, 1 sequential, all cores vectorized)")
     ap.add_argument("--gemm-n", type=int, default=4096, help="the peak GEMM's matrix size")
+    ap.add_argument("--bf16-gemm-n", type=int, default=None,
+                    help="the bf16 peak GEMM's size (default: --gemm-n on a CPU with bf16 units, else 1024: the "
+                         "emulated product is too slow at 4096)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled round")
     ap.add_argument("--quick", action="store_true", help="the small `quick` setting, a 1024 GEMM: a smoke test")
     ap.add_argument("--out", type=Path, default=None, help="the Markdown file (default: bench/results/roofline-<cpu>.md)")
@@ -500,6 +508,7 @@ def main() -> None:
     settings = ["quick"] if args.quick else args.settings
     gemm_n = 1024 if args.quick else args.gemm_n
     units = bf16_units()
+    bf16_gemm_n = args.bf16_gemm_n or (gemm_n if units else min(gemm_n, 1024))
     cpu = cpu_description()
     print(f"# {cpu}; bf16 units: {units or 'none'}; torch {torch.__version__}", flush=True)
 
@@ -507,7 +516,7 @@ def main() -> None:
     peaks: dict[tuple[int, str], float | None] = {}
     for threads in threads_used:
         peaks[(threads, "fp32")] = gemm_peak(threads, torch.float32, gemm_n)
-        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, gemm_n)
+        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, bf16_gemm_n)
         print(f"peak, {threads} threads: fp32 {peaks[(threads, 'fp32')] / 1e9:.1f} GFLOP/s, "
               f"bf16 {peaks[(threads, 'bf16')] / 1e9:.1f} GFLOP/s{'' if units else f' ({NO_UNITS})'}", flush=True)
 
@@ -534,7 +543,7 @@ def main() -> None:
 
     header = {"cpu": cpu, "date": datetime.date.today().isoformat(), "batch": batch, "bf16_units": units,
               "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]])}
-    table = markdown(header, peaks, results, gemm_n)
+    table = markdown(header, peaks, results, gemm_n, bf16_gemm_n)
     out = args.out or (ROOT / "bench" / (".work/roofline" if args.quick else "results") /
                        f"roofline-{cpu_slug()}{'-quick' if args.quick else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)

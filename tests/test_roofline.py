@@ -117,3 +117,6 @@ def test_a_bf16_round_runs_with_the_precision_knob_and_is_set_against_the_bf16_p
     assert "bf16 units: none" in emulated and roofline.EMULATED_ROWS in emulated
     native = roofline.markdown({**header, "bf16_units": "amx_bf16"}, peaks, {"quick": [r]}, 128)
     assert "| quick | sequential | bf16 | 1 |" in native and "emulat" not in native
+    # an emulated bf16 peak from a smaller product than fp32's says so (a 4096 one does not finish in minutes)
+    smaller = roofline.markdown({**header, "bf16_units": None}, peaks, {"quick": [r]}, 128, 64)
+    assert "The bf16 GEMM is 64 x 64:" in smaller and "The bf16 GEMM is" not in emulated
