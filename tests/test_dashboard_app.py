@@ -53,10 +53,13 @@ def app(sample, monkeypatch, repo_root):
     monkeypatch.chdir(repo_root)
     monkeypatch.setattr(manifest_scanner, "scan_component_manifests", _scan_once)
 
-    def _make(run: bool = True, **env: str) -> AppTest:
+    def _make(run: bool = True, tab: str | None = None, **env: str) -> AppTest:
         for k, v in {**sample.env(), "FEDCACHE_DASHBOARD_REFRESH": "0", **env}.items():
             monkeypatch.setenv(k, str(v))
         at = AppTest.from_file(APP, default_timeout=60)
+        if tab is not None:  # opened by a link to the tab (?tab=...): its first run draws that tab, not the overview
+            assert tab in TABS, tab
+            at.query_params["tab"] = tab
         return at.run() if run else at
 
     return _make
@@ -286,7 +289,7 @@ def test_accuracy_vs_simulated_time_and_time_to_target(app, sample, tmp_path):
 
 
 def test_clients_view(app):
-    at = open_tab(app(), "Clients")
+    at = app(tab="Clients")
     ch = charts(at)
     spread = ch["Per-client accuracy at each run's best round"]
     assert spread["mark"]["type"] == "boxplot"
@@ -320,7 +323,7 @@ def scale(spec: dict, channel: str = "color") -> dict:
 
 
 def test_communication_view(app, sample):
-    at = open_tab(app(), "Communication")
+    at = app(tab="Communication")
     ch = charts(at)
     by_family, per_round = ch["Bytes by what they carry and direction"], ch["Bytes per round (up + down), all selected runs"]
     totals = frame(by_family)
@@ -362,7 +365,7 @@ def test_privacy_view(app, sample, tmp_path):
     with its interval, bytes in the tooltip, the baseline as a dashed rule), every figure in a table, the runs without
     an audit named; with none audited, the command that makes one; an index from before the privacy table says so."""
     ids = sample.run_ids
-    at = open_tab(app(), "Privacy")
+    at = app(tab="Privacy")
     assert_clean(at)
     assert set(PRIVACY_TITLES.values()) <= set(charts(at))
     snap = data.load_snapshot(sample.results_db, [ids["fedcache"], ids["local"]])
@@ -414,7 +417,7 @@ def test_privacy_view(app, sample, tmp_path):
     sample_data.write_run(db, "fedcache-20250101-000000-old000", "fedcache", "homo",
                           sample_data.params_for(sample.root), np.full(sample_data.K, sample_data.PER_CLIENT),
                           sample_data.curve(0.8))
-    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Privacy")
+    at = app(FEDCACHE_RESULTS_DB=db.path, tab="Privacy")
     assert_clean(at)
     assert not set(PRIVACY_TITLES.values()) & set(charts(at))
     assert "has no privacy table" in texts(at, "info") and "pipeline.results.store rebuild" in texts(at, "info")
@@ -424,7 +427,7 @@ def test_privacy_view_beside_fedavg(app, mixed):
     """FedAvg's gradient inversion beside FedCache's code inversion (each against its own mean-image baseline), and a
     label mix estimated (TV above 0) beside one sent by design (0); set-up traffic off changes the bytes shown."""
     path, ids = mixed
-    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Privacy")
+    at = app(FEDCACHE_RESULTS_DB=path, tab="Privacy")
     assert_clean(at)
     points, rules, _ = privacy_chart(at, "reconstruction")
     assert {label for label, _ in points.index} == {"fedavg/homo bbbbb1", "fedcache/homo aaaaa1"}
@@ -446,7 +449,7 @@ def test_a_decentralized_runs_downloads_are_what_its_clients_receive_from_peers(
     Communication tab has pDFL's "down" bars and per-round downloads, its totals counting each transfer once."""
     path = tmp_path / "pdfl.duckdb"
     ids = sample_data.write_pdfl_runs(ResultsDB(path), sample.root)
-    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Clients")
+    at = app(FEDCACHE_RESULTS_DB=path, tab="Clients")
     assert_clean(at)
     client_bytes = next(d for d in at.dataframe if "up: parameters" in d.value.columns).value.set_index("run")
     pdfl = client_bytes.loc["pdfl/homo peers1"]
@@ -492,7 +495,7 @@ CACHE_TITLES = {"cache_coverage": "Cache coverage: samples with a teacher",
 def test_cache_view(app, sample, tmp_path):
     """The Cache tab: FedCache's knowledge cache per round, one chart per metric, the selected FedCache runs only,
     in FedCache's colour; the teachers' accuracy beside the students' mean user accuracy."""
-    at = open_tab(app(), "Cache")
+    at = app(tab="Cache")
     assert_clean(at)
     ch = charts(at)
     fedcache_runs = {"fedcache/homo aaaaaa", "fedcache/hetero cccccc"}  # the local run records no cache
@@ -524,7 +527,7 @@ def test_cache_view(app, sample, tmp_path):
                           sample_data.params_for(sample.root), np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.8))
     with db.connect() as con:
         con.execute("DELETE FROM round_metrics")
-    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Cache")
+    at = app(FEDCACHE_RESULTS_DB=db.path, tab="Cache")
     assert_clean(at)
     note = texts(at, "info")
     assert "ran before FedCache recorded its cache" in note and "`make run`" in note
@@ -560,14 +563,14 @@ def test_equal_staleness_draws_a_readable_axis(app, sample, tmp_path):
 
 
 def test_partition_view(app, sample):
-    at = open_tab(app(), "Partition")
+    at = app(tab="Partition")
     heat = frame(charts(at)["Training label mix per client"])
     assert len(heat) == sample_data.K * 10 and heat["client_id"].nunique() == sample_data.K
     assert "6 clients, 240 training" in texts(at, "caption")
 
 
 def test_neighbours_view(app):
-    at = open_tab(app(), "Neighbours")
+    at = app(tab="Neighbours")
     assert len(at.get("image")) == 4
     captions = [i.proto.imgs[0].caption for i in at.get("image")]
     assert all(f"{sample_data.R} nearest cached neighbours" in c for c in captions)
@@ -599,7 +602,7 @@ def test_the_comparison_table_fits_a_1280_px_window(app, sample):
 
 def test_the_clients_tables_fit_a_1280_px_window(app, sample):
     """The per-run accuracy spread and a client's bytes: full width, every column sized, by traffic family."""
-    at = open_tab(app(), "Clients")
+    at = app(tab="Clients")
     stats = next(d for d in at.dataframe if "median" in d.value.columns)
     assert _fits(stats) == ["run", "best round", "min", "median", "max", "std"]
     assert len(stats.value) == 3  # the three selected runs
@@ -681,7 +684,7 @@ def test_every_table_shows_its_texts_whole(app, mixed):
 
 
 def test_params_view_diffs_n_runs(app, sample):
-    at = open_tab(app(), "Params")
+    at = app(tab="Params")
     ids = sample.run_ids
     diff_of = lambda: next(d for d in at.dataframe if "key" in d.value.columns).value.set_index("key")  # noqa: E731
     at.multiselect(key="params_runs").set_value([ids["fedcache"], ids["fedcache_hetero"]]).run()
@@ -1055,7 +1058,7 @@ def ablations(sample, tmp_path):
 
 def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablations, sample):
     path, ids = ablations
-    at = open_tab(app(FEDCACHE_RESULTS_DB=path), "Ablations")
+    at = app(FEDCACHE_RESULTS_DB=path, tab="Ablations")
     assert_clean(at)
     ch = charts(at)
     for key, values in sample_data.ABLATIONS.items():
@@ -1081,7 +1084,7 @@ def test_ablations_tab_draws_maua_and_bytes_against_each_swept_key(app, ablation
     assert "Also changed against params.yaml: train.algorithms" in texts(at, "caption")
     assert "MAUA vs seed" not in ch  # the seeds sweep repeats a configuration: no ablation
 
-    at = open_tab(app(), "Ablations")  # results without sweep runs: what to run
+    at = app(tab="Ablations")  # results without sweep runs: what to run
     assert_clean(at)
     assert "python -m pipeline.experiments.sweeps run ablation_alpha" in texts(at, "caption")
     assert not [t for t in charts(at) if t.startswith("MAUA vs")]
@@ -1123,7 +1126,7 @@ def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
     (tmp_path / "fedcache").mkdir()
     (tmp_path / "fedcache" / "summary.json").write_text(json.dumps(
         {"run_id": ids["fedcache"], "seconds": {"startup": 3.25, "train": 40.5}}))
-    at = open_tab(app(FEDCACHE_RUNS_DIR=tmp_path), "Params")
+    at = app(FEDCACHE_RUNS_DIR=tmp_path, tab="Params")
     at.selectbox(key="params_one").set_value(ids["fedcache"]).run()
     assert_clean(at)
     record = run_record(at)
@@ -1154,7 +1157,7 @@ def test_the_run_record_says_where_a_run_ran(app, sample, tmp_path):
     environment = {**run_environment(), "torch_threads": 2, "device": "cpu", "gpu": None}
     sample_data.write_run(db, "fedavg-20260801-000000-record", "fedavg", "homo", sample_data.params_for(sample.root),
                           np.full(sample_data.K, sample_data.PER_CLIENT), sample_data.curve(0.7), environment=environment)
-    at = open_tab(app(FEDCACHE_RESULTS_DB=db.path), "Params")
+    at = app(FEDCACHE_RESULTS_DB=db.path, tab="Params")
     assert_clean(at)
     record = run_record(at)
     assert record["command"] == environment["command"] and record["CPU"] == environment["cpu"]
