@@ -257,6 +257,8 @@ STARTUP = (  # (what, set-up not timed, the timed statement), each in a fresh in
     ("import torch._dynamo (after torch)", "import torch", "import torch._dynamo"),
     ("import prefect (with flows' settings)", "import flows", "import prefect"),
     ("import flows.train (the training stage's imports)", "", "import flows.train"),
+    ("the same, the collector paused as python -m flows.<stage> has it (flows/__init__.py)", "import gc\ngc.disable()",
+     "import flows.train"),
     ("the first torch.optim.SGD (after torch)", "import torch",
      "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)"),
     ("load FashionMNIST (data/raw)", "from pathlib import Path\nfrom pipeline.data.datasets import load_dataset",

@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import flows  # noqa: F401  (PREFECT_HOME and the offline defaults)
+from flows import imports_done
 
 POLL_S = 0.2  # how often a server looks for its owner
 DVC_PROGRAMS = {"dvc"}
@@ -160,8 +161,10 @@ def create_app():
 
 
 def serve(owner: int, owner_start: int, port: int, record: Path | None) -> int:
+    import prefect.server.api.server  # noqa: F401  (what create_app needs: most of the server's start)
     import uvicorn
 
+    imports_done()  # flows/__init__.py paused the collector for the imports of `python -m flows.api`
     os.environ["PREFECT_UI_ENABLED"] = "0"
     server = uvicorn.Server(uvicorn.Config(create_app, factory=True, host="127.0.0.1", port=port, log_level="error",
                                            lifespan="on"))

@@ -10,6 +10,7 @@ from typing import Callable
 from prefect import Flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from flows import imports_done
 from flows.api import ensure_api
 from pipeline.config import load_params
 from pipeline.errors import UserError
@@ -29,6 +30,7 @@ def without_heartbeats():
 def run_stage(flow_fn: Callable[..., object], argv: list[str] | None = None, positional: tuple[str, ...] = (),
               flags: tuple[str, ...] = (), methods: Callable[[dict], tuple[str, ...]] = lambda args: ()) -> int:
     """Run a stage's flow from its command line; `methods(args)`: the method sections it reads."""
+    imports_done()  # the stage module's imports are made (flows/__init__.py paused the collector for them)
     parser = argparse.ArgumentParser(description=flow_fn.__doc__)
     for name in positional:
         parser.add_argument(name)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import flows  # noqa: F401  (offline-safe Prefect defaults before Prefect is imported)
+from flows import imports_done
 from flows.serve import CRON
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +76,7 @@ def ensure_pool(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    imports_done()  # flows/__init__.py paused the collector for `python -m` imports
     ap = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=ROOT, help="where flow runs start (default: this checkout)")
     ap.add_argument("--pool", default=POOL, help=f"process work pool (default: {POOL})")

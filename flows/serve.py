@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import flows  # noqa: F401
+from flows import imports_done
 
 DEPLOYMENT_NAME = "scheduled"
 CRON = "0 3 * * *"  # every day at 03:00 (server time zone: UTC)
@@ -43,6 +44,7 @@ def _wait_for(url: str, seconds: float) -> bool:
 
 
 def main() -> int:
+    imports_done()  # flows/__init__.py paused the collector for `python -m` imports
     server = None
     if "PREFECT_API_URL" not in os.environ:
         api = f"http://{HOST}:{PORT}/api"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+from flows import imports_done
 from pipeline import paths
 from pipeline.index.store import read_meta
 from pipeline.config import load_params
 
 
 def main() -> None:
+    imports_done()  # flows/__init__.py paused the collector for `python -m` imports
     params = load_params(methods=())
     stats = json.loads(paths.PARTITION_STATS.read_text())
     info = json.loads(paths.HASHES_INFO.read_text())

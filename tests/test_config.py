@@ -402,6 +402,41 @@ def test_a_stage_run_from_the_cli_sends_no_heartbeats(default_params_raw, write_
     assert seen == [None] * stages
 
 
+def test_a_program_started_with_python_m_flows_pauses_the_collector_for_its_imports_only(
+        default_params_raw, write_params, tmp_path, monkeypatch):
+    """flows/__init__.py: `python -m flows.<module>` imports torch and Prefect with the cyclic collector paused (Python
+    names the program "-m" while it locates the module); the program resumes it once its imports are made: a stage
+    in run_stage, the others (api, deploy, serve, summary) in their own start. Any other importer keeps its collector."""
+    import gc
+    import subprocess
+    import sys
+
+    probe = ("import sys; sys.argv[0] = {argv!r}; import gc, flows; print(gc.isenabled()); "
+             "flows.imports_done(); print(gc.isenabled())")
+    for argv, before in (("-m", "False"), ("-c", "True")):
+        out = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == [before, "True"], (argv, out.stdout, out.stderr)
+
+    from flows.cli import run_stage
+
+    seen = []
+    good = write_params(default_params_raw)
+    monkeypatch.chdir(tmp_path)
+    gc.disable()  # as flows/__init__.py leaves it in a stage process
+    try:
+        assert run_stage(lambda params_file: seen.append(gc.isenabled()), argv=["--params", str(good)]) == 0
+    finally:
+        enabled = gc.isenabled()
+        gc.enable()
+    assert seen == [True] and enabled  # the stage's own work runs with the collector, and so does what follows
+
+    flows_dir = Path(__file__).resolve().parent.parent / "flows"
+    for module in sorted(flows_dir.glob("*.py")):  # every program in flows/ resumes it
+        text = module.read_text()
+        if 'if __name__ == "__main__":' in text:
+            assert "run_stage(" in text.split('if __name__ == "__main__":')[1] or "imports_done()" in text, module.name
+
+
 def test_stage_cli_missing_params_file(tmp_path, monkeypatch, capsys):
     from flows.cli import run_stage
 
