@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +32,21 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+@functools.cache
+def _parsed_yaml(text: str) -> dict:
+    """params.yaml's text parsed once per process (keyed by the text, so an edited file is parsed again): pure-Python
+    YAML takes about 40 ms a parse, and hundreds of tests start from it. Callers get a deep copy."""
+    return yaml.safe_load(text)
+
+
+def repo_params_raw() -> dict:
+    """The repository's params.yaml as a plain dict, a fresh copy safe to mutate."""
+    return copy.deepcopy(_parsed_yaml((REPO_ROOT / "params.yaml").read_text()))
+
+
 @pytest.fixture(scope="session")
 def _default_params_raw_session() -> dict:
-    return yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    return repo_params_raw()
 
 
 @pytest.fixture
@@ -99,7 +112,7 @@ TINY_PARAMS = {
 
 
 def tiny_params_raw(overrides: dict | None = None) -> dict:
-    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    raw = repo_params_raw()
     for section, values in {**TINY_PARAMS, **(overrides or {})}.items():
         if isinstance(values, dict):
             raw[section].update(values)
