@@ -205,3 +205,35 @@ def test_the_validation_split_is_evaluated_on_its_own_samples(tiny_workspace, mn
         assert n_val == np.diff(part.val_offsets)[k] != n_test
     assert val_mean == pytest.approx(np.mean([row[3] for row in last]))
     assert summary["val_final_acc"] == pytest.approx(val_mean)
+
+
+def test_evaluating_another_state_reads_it_in_the_clients_model_and_leaves_the_model_as_it_was(mnist):
+    """evaluate_with (FedAvg's and FedAlt's global reading, MTFL's shared layers): the accuracy of a copy of the
+    model with the state loaded, the client's tensors and training mode unchanged after; a state that does not fit
+    is refused naming the keys, as load_state_dict would refuse it."""
+    import copy
+
+    from models.resnet import build_model
+    from pipeline.federation.clients import Client, evaluate_model, evaluate_with, to_tensor
+
+    torch.manual_seed(0)
+    model, other = build_model("resnet8", 1, 10), build_model("resnet8", 1, 10)
+    x, y = to_tensor(mnist.test_x[:40]), torch.from_numpy(mnist.test_y[:40]).long()
+    client = Client(0, model, torch.optim.SGD(model.parameters(), lr=0.1), x[:1], y[:1], torch.arange(1), x, y,
+                    x[:0], y[:0])
+    with torch.no_grad():
+        for m in other.modules():  # running statistics of its own, so that eval mode reads them
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for state, strict in ((other.state_dict(), True),
+                          ({k: v for k, v in other.state_dict().items() if "bn" not in k}, False)):
+        by_hand = copy.deepcopy(model)
+        by_hand.load_state_dict(state, strict=strict)
+        assert evaluate_with(client, state, 16, strict) == evaluate_model(by_hand, x, y, 16)[0]
+        assert model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert evaluate_with(client, other.state_dict(), 16) != evaluate_with(client, model.state_dict(), 16)
+    with pytest.raises(RuntimeError, match=r"unexpected \['extra'\]"):
+        evaluate_with(client, {**other.state_dict(), "extra": torch.zeros(1)}, 16)
+    with pytest.raises(RuntimeError, match=r"missing \['head.bias'\]"):
+        evaluate_with(client, {k: v for k, v in other.state_dict().items() if k != "head.bias"}, 16)

@@ -137,23 +137,37 @@ def phase_batches(client: Client, round_: int, params: Params, stream: int = 0, 
 
 @torch.inference_mode()
 def evaluate_with(client: "Client", state: dict[str, torch.Tensor], batch_size: int, strict: bool = True) -> float:
-    """Accuracy on the client's test split of a copy of its model with `state` loaded over it (strict=False:
-    only the tensors `state` names, e.g. shared layers over the client's own BatchNorm); the client's
-    model is untouched. The copy is made outside inference mode, so it loads into normal tensors."""
-    import copy
-
-    with torch.inference_mode(False), torch.no_grad():
-        model = copy.deepcopy(client.model)
-        model.load_state_dict(state, strict=strict)
-    return evaluate_model(model, client.x_test, client.y_test, batch_size)[0]
+    """Accuracy on the client's test split of its model with `state` in place of its own tensors (strict=False: only
+    the tensors `state` names, e.g. shared layers over the client's own BatchNorm), checked as `load_state_dict`
+    checks it; the client's tensors are untouched. The model runs on the substituted tensors through
+    torch.func.functional_call: copying the module instead cost about 16 ms an evaluation."""
+    own = client.model.state_dict()
+    unknown = sorted(state.keys() - own.keys())
+    missing = sorted(own.keys() - state.keys()) if strict else []
+    wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    if unknown or missing or wrong:
+        raise RuntimeError(f"evaluate_with: the state does not fit client {client.id}'s model: unexpected {unknown}, "
+                           f"missing {missing}, of another shape {wrong}")
+    # load_state_dict would copy into the model's own dtypes: so does this (float64 tests, float32 payloads)
+    tensors = {**own, **{k: v.to(own[k].dtype) for k, v in state.items()}}
+    return evaluate_model(client.model, client.x_test, client.y_test, batch_size, tensors)[0]
 
 
 @torch.no_grad()  # no autograd graph: the same outputs, without recording every activation for a backward pass
-def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, int]:
-    """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped."""
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                   tensors: dict[str, torch.Tensor] | None = None) -> tuple[float, int]:
+    """(accuracy, n) of a model on (x, y), in batches; no partial batch dropped. tensors: the model's parameters and
+    buffers to run it on instead of its own (torch.func.functional_call). The model is left in eval mode, unless
+    given tensors: then its mode is restored."""
+    was_training = model.training
     model.eval()
     correct = 0
-    for start in range(0, len(y), batch_size):
-        pred = model(x[start : start + batch_size]).argmax(dim=1)
-        correct += int((pred == y[start : start + batch_size]).sum())
+    try:
+        for start in range(0, len(y), batch_size):
+            batch = x[start : start + batch_size]
+            logits = model(batch) if tensors is None else torch.func.functional_call(model, tensors, (batch,))
+            correct += int((logits.argmax(dim=1) == y[start : start + batch_size]).sum())
+    finally:
+        if tensors is not None:
+            model.train(was_training)
     return (correct / len(y) if len(y) else float("nan")), len(y)
