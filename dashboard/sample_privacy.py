@@ -3,7 +3,7 @@ index rebuilt after their runs' audits holds them (pipeline.results.store.audit_
 
 from __future__ import annotations
 
-from pipeline.results.store import INDEX_SCHEMA, ResultsDB
+from pipeline.results.store import INDEX_SCHEMA, PRIVACY_COLUMNS, ResultsDB, insert_rows
 
 # Made-up privacy-audit figures per method (metric -> mean, 95% low, high; pipeline.results.privacy.METRICS), as an
 # audit of such a run gives them (docs/privacy.md): FedCache's codes inverted a little above the mean public image and
@@ -27,5 +27,5 @@ def write_privacy(db: ResultsDB, audited: dict[str, str]) -> None:
     rebuilt after their audits holds them."""
     with db.connect() as con:
         con.execute(PRIVACY_TABLE)
-        con.executemany("INSERT INTO privacy VALUES (?, ?, ?, ?, ?)",
-                        [(r, m, *v) for r, method in audited.items() for m, v in PRIVACY[method].items()])
+        insert_rows(con, "privacy", PRIVACY_COLUMNS,
+                    [(r, m, *v) for r, method in audited.items() for m, v in PRIVACY[method].items()])

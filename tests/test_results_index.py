@@ -196,3 +196,28 @@ def test_new_run_clears_its_file_and_a_damaged_file_is_not_resumed(tiny_workspac
     assert fresh.start() == 1 and fresh.run_id != first.run_id
     assert f"cannot resume run {first.run_id}" in capsys.readouterr().out
     assert [r[0] for r in _rows(results)["runs"]] == [fresh.run_id]
+
+
+def test_a_round_of_many_rows_is_written_as_given(tmp_path):
+    """write_round's rows go in one statement per table (insert_rows): a paper-scale round's 300 clients and 600
+    payload rows come back value for value, NULLs, NaN and numpy scalars included."""
+    import numpy as np
+
+    db = RunResultsDB(tmp_path / "run.duckdb")
+    db.start_run("r", "fedcache", "mnist", "homo", {}, "abc")
+    clients = [(k, float(k) / 300, 10 + k, None if k % 7 else 0.5, None if k % 7 else np.int64(3)) for k in range(300)]
+    clients[5] = (5, float("nan"), 0, None, None)
+    comm = [(1, np.int64(k), d, "logits", 100 * k + (d == "up"), -1 if k % 2 else None, 0.25 * k if k % 3 else None)
+            for k in range(300) for d in ("up", "down")]
+    db.write_round("r", 1, 0.5, 1, 2, 0.1, clients, comm, {"cache_coverage": 0.75, "val_acc": np.float64(0.4)})
+    con = duckdb.connect(str(tmp_path / "run.duckdb"), read_only=True)
+    got = con.execute("SELECT client_id, acc, n_test, val_acc, n_val FROM client_rounds ORDER BY client_id").fetchall()
+    expected = [(k, acc, n, val, None if n_val is None else int(n_val)) for k, acc, n, val, n_val in clients]
+    assert got[:5] + got[6:] == expected[:5] + expected[6:]
+    assert np.isnan(got[5][1]) and got[5][2:] == (0, None, None)
+    assert con.execute("SELECT client_id, direction, kind, bytes, peer_id, sim_time_s FROM comm "
+                       "ORDER BY client_id, direction DESC").fetchall() == [(int(k), d, kind, b, peer, t)
+                                                                           for _, k, d, kind, b, peer, t in comm]
+    assert dict(con.execute("SELECT name, value FROM round_metrics").fetchall()) == {"cache_coverage": 0.75,
+                                                                                    "val_acc": 0.4}
+    con.close()
