@@ -221,3 +221,23 @@ def test_a_round_of_many_rows_is_written_as_given(tmp_path):
     assert dict(con.execute("SELECT name, value FROM round_metrics").fetchall()) == {"cache_coverage": 0.75,
                                                                                     "val_acc": 0.4}
     con.close()
+
+
+def test_a_file_from_before_new_columns_gets_them_when_written_and_is_released_after(tmp_path):
+    """A run file written before comm.peer_id, the validation columns and the simulated clock existed: a writer
+    adds them (RUN_SCHEMA's ALTERs) and its rows land; a file whose schema is current is left as it is. Between
+    connections the file is free: another connection opens it for writing at once."""
+    path = tmp_path / "run.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE comm (run_id VARCHAR, round INTEGER, client_id INTEGER, direction VARCHAR, "
+                "kind VARCHAR, bytes BIGINT)")
+    con.execute("CREATE TABLE client_rounds (run_id VARCHAR, round INTEGER, client_id INTEGER, acc DOUBLE, "
+                "n_test INTEGER, PRIMARY KEY (run_id, round, client_id))")
+    con.close()
+    db = RunResultsDB(path)
+    db.start_run("r", "pdfl", "mnist", "homo", {}, "abc")
+    db.write_round("r", 1, 0.5, 10, 0, 0.1, [(0, 0.5, 3, 0.25, 2)], [(1, 0, "up", "model", 10, 1, 2.5)])
+    con = duckdb.connect(str(path))  # the writer let go of the file
+    assert con.execute("SELECT peer_id, sim_time_s FROM comm").fetchall() == [(1, 2.5)]
+    assert con.execute("SELECT val_acc, n_val FROM client_rounds").fetchall() == [(0.25, 2)]
+    con.close()
