@@ -3,13 +3,12 @@ flags `dvc exp run` reads back, and the dvc program that runs them (shared by pr
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
 import sys
 from pathlib import Path
-
-import yaml
 
 from pipeline.config import ConfigError
 
@@ -18,7 +17,7 @@ SIMPLE = re.compile(r"[A-Za-z0-9_./:+-]+")  # a string DVC's -S (Hydra's grammar
 
 def apply(base: dict, flat: dict[str, object], source: str) -> dict:
     """A copy of the params mapping `base` with the dotted keys set (as `dvc exp run -S` does)."""
-    out = yaml.safe_load(yaml.safe_dump(base))
+    out = copy.deepcopy(base)
     for dotted, value in flat.items():
         *parents, leaf = dotted.split(".")
         node = out
