@@ -18,6 +18,9 @@ import psutil
 import flows  # noqa: F401
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+# torch.optim imports torch._dynamo at a model's first step (1.32 s); imported here, while the collector is
+# paused (flows/__init__.py), it costs 1.07 s
+import torch._dynamo  # noqa: F401,E402
 
 from flows.logs import log_progress
 from pipeline import paths, progress
