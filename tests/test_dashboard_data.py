@@ -186,6 +186,21 @@ def test_locked_db_retries_then_reports_busy(sample, tmp_path, monkeypatch):
         release(holder)
 
 
+def test_reads_from_several_threads_at_once_each_get_the_data_and_leave_the_files_free(sample, tmp_path):
+    """The reads share the process's DuckDB host (pipeline.results.store.host_cursor) and take turns: sessions reading
+    at once (Streamlit runs each in a thread) all get every run, and after them the index can be opened for writing
+    by another process (nothing stays attached)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    db = tmp_path / "results.duckdb"
+    shutil.copy(sample.results_db, db)
+    ids = list(sample.run_ids.values())
+    with ThreadPoolExecutor(4) as pool:
+        snaps = list(pool.map(lambda _: data.load_snapshot(db, ids), range(8)))
+    assert all(len(s.runs) == 4 and s.rounds.equals(snaps[0].rounds) for s in snaps) and len(snaps[0].rounds) > 0
+    release(hold(db))  # a writer's lock, taken at once
+
+
 def test_stage_inputs(sample):
     stats = stages.load_stats(sample.partition_dir / "stats.json")
     mix = stages.label_mix(stats, "mnist")

@@ -3,8 +3,8 @@
 The results are the index `results/results.duckdb` (rebuilt by the report stage) and each
 training stage's own `results/runs/<name>/run.duckdb` (pipeline.results.store). A read takes the index
 plus every per-run file that changed since the index was built (a stage running now, or one that
-finished after the last report), the per-run file's rows replacing the index's for its run: one
-in-memory DuckDB connection attaches them read-only and its views `runs`, `rounds`,
+finished after the last report), the per-run file's rows replacing the index's for its run: a
+connection to the process's in-memory DuckDB host attaches them read-only and its views `runs`, `rounds`,
 `client_rounds`, `comm` combine them.
 
 The trainer opens its file for each round's write and closes it; while it holds it, DuckDB
@@ -18,6 +18,7 @@ the command that makes it again.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +33,14 @@ import pandas as pd
 from dashboard.data.audit_rows import INDEX_CATALOG, PRIVACY_COLUMNS, read_privacy
 from dashboard.data.sweeps import ablation_runs
 from pipeline import paths
-from pipeline.results.store import RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, run_files
+from pipeline.results.store import (RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, host_cursor,
+                                    run_files)
+
+
+# One read at a time in this process: the files a read attaches are named in the DuckDB host database that every
+# connection of the process shares (pipeline.results.store.host_cursor), so two reads at once would clash on them.
+# A read takes milliseconds; building a database of its own for each took 16 ms more.
+_READS = threading.Lock()
 
 
 class ResultsUnavailable(Exception):
@@ -83,7 +91,7 @@ def _combine(con: duckdb.DuckDBPyConnection, index: str | None, live: list[str],
     """Temp views runs/rounds/... over the attached catalogs: the index's rows of the runs no live
     file holds, then every live file's rows (an empty typed table underneath gives every column);
     and a temp table file_seen (run_id, seen_s): when each live file last changed (epoch s)."""
-    con.execute("CREATE SCHEMA empty")
+    con.execute("CREATE SCHEMA IF NOT EXISTS empty")  # the host's: made by the first read, kept
     con.execute("USE memory.empty")
     con.execute(RUN_SCHEMA)
     con.execute("USE memory.main")
@@ -120,59 +128,71 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
                         "pipeline first (`make run`), or point the dashboard at one with FEDCACHE_RESULTS_DB / "
                         "--results-db.")
     deadline = time.monotonic() + timeout_s
-    con = duckdb.connect()
+    with _READS:
+        con, attached = host_cursor(), []
+        try:
+            yield from _read(con, attached, path, runs_dir, live, deadline, poll_s, notices)
+        finally:
+            con.close()
+            with host_cursor() as detach:
+                for alias in attached:
+                    detach.execute(f"DETACH DATABASE IF EXISTS {alias}")
 
+
+def _read(con: duckdb.DuckDBPyConnection, attached: list[str], path: Path, runs_dir: Path, live: list[Path],
+          deadline: float, poll_s: float, notices: list[tuple[str, str]] | None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """connect_readonly's attaching and combining, on `con`; every alias it attaches is added to `attached`."""
     def attach_or_raise(f: Path, alias: str) -> bool:
         try:
-            return attach(con, f, alias, max(0.0, deadline - time.monotonic()), poll_s)
+            done = attach(con, f, alias, max(0.0, deadline - time.monotonic()), poll_s)
         except ResultsLocked as err:
             raise ResultsBusy(f"`{f}` is locked by a writer (a training round): {err.why}") from err
+        if done:
+            attached.append(alias)
+        return done
 
-    try:
-        index, problem = None, None
-        if path.is_file():
-            every_file = run_files(runs_dir)  # what is read instead of an index that cannot serve
-            try:
-                index = INDEX_CATALOG if attach_or_raise(path, INDEX_CATALOG) else None
-            except ResultsError as err:
-                if not every_file:
-                    raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
-                                         f"{fix(path)}.") from err
-                problem = f"is damaged ({err.why})"
-            else:
-                empty = index is not None and not _has_runs(con, index)
-                problem = "holds no run" if empty and every_file else None
-                if problem:
-                    con.execute(f"DETACH {index}")
-                    index = None
-            if problem:
-                live = every_file
-                if notices is not None:
-                    notices.append(("warning", f"The index `{path}` {problem}: showing the {len(live)} per-run files "
-                                               f"in `{runs_dir}` directly. To make it again, {fix(path)}."))
-            elif live and notices is not None:
-                notices.append(("info", f"{len(live)} per-run file(s) in `{runs_dir}` changed since the index `{path}` "
-                                        f"was built (a run in progress, or one not indexed yet): read directly. "
-                                        f"To fold them into the index, {fix(path)}."))
-        fresh, changed_s = [], {}
-        for i, f in enumerate(live):
-            try:
-                if not attach_or_raise(f, f"src{i}"):
-                    continue  # gone meanwhile (a new run replacing its file)
-            except ResultsError as err:
-                raise ResultsDamaged(f"`{f}` is damaged or not a results file ({err.why}). To make it again, "
-                                     f"{fix(f)}.") from err
-            fresh.append(f"src{i}")
-            changed_s[f"src{i}"] = _changed_ns(f) / 1e9
-        _combine(con, index, fresh, changed_s)
+    index, problem = None, None
+    if path.is_file():
+        every_file = run_files(runs_dir)  # what is read instead of an index that cannot serve
         try:
-            yield con
-        except duckdb.Error as err:  # a file whose header reads but whose data does not
-            names = ", ".join(f"`{f}`" for f in ([path] if index else []) + live)
-            raise ResultsDamaged(f"Reading {names} failed ({str(err).splitlines()[0]}). To make the index again, "
-                                 f"{fix(path)}; a per-run file: re-run its stage.") from err
-    finally:
-        con.close()
+            index = INDEX_CATALOG if attach_or_raise(path, INDEX_CATALOG) else None
+        except ResultsError as err:
+            if not every_file:
+                raise ResultsDamaged(f"`{path}` is damaged or not a results file ({err.why}). To make it again, "
+                                     f"{fix(path)}.") from err
+            problem = f"is damaged ({err.why})"
+        else:
+            empty = index is not None and not _has_runs(con, index)
+            problem = "holds no run" if empty and every_file else None
+            if problem:
+                con.execute(f"DETACH {index}")
+                index = None
+        if problem:
+            live = every_file
+            if notices is not None:
+                notices.append(("warning", f"The index `{path}` {problem}: showing the {len(live)} per-run files "
+                                           f"in `{runs_dir}` directly. To make it again, {fix(path)}."))
+        elif live and notices is not None:
+            notices.append(("info", f"{len(live)} per-run file(s) in `{runs_dir}` changed since the index `{path}` "
+                                    f"was built (a run in progress, or one not indexed yet): read directly. "
+                                    f"To fold them into the index, {fix(path)}."))
+    fresh, changed_s = [], {}
+    for i, f in enumerate(live):
+        try:
+            if not attach_or_raise(f, f"src{i}"):
+                continue  # gone meanwhile (a new run replacing its file)
+        except ResultsError as err:
+            raise ResultsDamaged(f"`{f}` is damaged or not a results file ({err.why}). To make it again, "
+                                 f"{fix(f)}.") from err
+        fresh.append(f"src{i}")
+        changed_s[f"src{i}"] = _changed_ns(f) / 1e9
+    _combine(con, index, fresh, changed_s)
+    try:
+        yield con
+    except duckdb.Error as err:  # a file whose header reads but whose data does not
+        names = ", ".join(f"`{f}`" for f in ([path] if index else []) + live)
+        raise ResultsDamaged(f"Reading {names} failed ({str(err).splitlines()[0]}). To make the index again, "
+                             f"{fix(path)}; a per-run file: re-run its stage.") from err
 
 
 def _has_runs(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:

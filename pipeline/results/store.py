@@ -134,7 +134,7 @@ _HOST_LOCK = threading.Lock()
 _ALIASES = itertools.count(1)
 
 
-def _host_cursor() -> duckdb.DuckDBPyConnection:
+def host_cursor() -> duckdb.DuckDBPyConnection:
     """A new connection to this process's host database (a forked child builds its own)."""
     global _HOST
     with _HOST_LOCK:
@@ -208,7 +208,7 @@ def _columns(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, set[str]
 @functools.cache
 def _current_schema() -> dict[str, set[str]]:
     """Each table's columns as RUN_SCHEMA makes them (built once, in a scratch database of the host)."""
-    with _host_cursor() as con:
+    with host_cursor() as con:
         con.execute("ATTACH ':memory:' AS schema_probe")
         con.execute("USE schema_probe")
         con.execute(RUN_SCHEMA)
@@ -313,7 +313,7 @@ class ResultsDB:
         elif not self.path.is_file():
             raise ResultsError(f"{self.path} not found; {fix(self.path)}", self.path, "not found")
         quoted = "'" + str(self.path).replace("'", "''") + "'"
-        con, alias = _host_cursor(), f"results_{next(_ALIASES)}"
+        con, alias = host_cursor(), f"results_{next(_ALIASES)}"
         deadline = time.monotonic() + self.lock_timeout_s
         while True:
             try:
@@ -343,7 +343,7 @@ class ResultsDB:
             yield con
         finally:
             con.close()  # its open transaction, if any, rolled back: then the file can go
-            with _host_cursor() as detach:
+            with host_cursor() as detach:
                 detach.execute(f"DETACH {alias}")
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
