@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shlex
@@ -38,6 +39,15 @@ def run_environment() -> dict:
     """What a run records about where and how it ran (beside its params and git revision): the exact command,
     the working directory, Python, the recorded packages' versions (None: not installed), the platform and the CPU.
     The engine adds the torch threads and device it computed with."""
+    return {"command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "cwd": os.getcwd(),
+            "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_description(),
+            "packages": dict(_package_versions())}
+
+
+@functools.cache
+def _package_versions() -> dict[str, str | None]:
+    """The recorded packages' versions, looked up once per process: each lookup scans the installed distributions
+    (about 25 ms for the list), and what a process imported does not change under it."""
     from importlib import metadata
 
     def version(name: str) -> str | None:
@@ -46,6 +56,4 @@ def run_environment() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "cwd": os.getcwd(),
-            "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_description(),
-            "packages": {name: version(name) for name in RECORDED_PACKAGES}}
+    return {name: version(name) for name in RECORDED_PACKAGES}
