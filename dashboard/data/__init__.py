@@ -1,7 +1,7 @@
 """Reading the results for the dashboard: pure functions, no Streamlit, one module per job.
 
-    load      the results files: runs, one snapshot of the selected runs (dashboard.data.load says how a read
-              shares the files with a training stage that writes them)
+    connect   opening the results files for a read, shared with a training stage that writes them
+    load      the results files: runs, one snapshot of the selected runs
     select    which runs to show by default, and how their set-ups differ
     ties      runs as RunSeries, their 95% intervals, leaders counting ties, the Pareto view
     tables    the comparison and paper tables as shown (text with intervals, marks, CSV)
@@ -14,6 +14,7 @@
 The views read everything as `data.<name>`: each module's public names are here.
 """
 
+from dashboard.data.connect import *  # noqa: F401,F403
 from dashboard.data.load import *  # noqa: F401,F403
 from dashboard.data.select import *  # noqa: F401,F403
 from dashboard.data.ties import *  # noqa: F401,F403
