@@ -24,8 +24,8 @@ import duckdb
 
 from dashboard.data.audit_rows import INDEX_CATALOG
 from pipeline import paths
-from pipeline.results.store import (RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, fix, host_cursor,
-                                    run_files)
+from pipeline.results.store import (RUN_SCHEMA, TABLES, ResultsError, ResultsLocked, attach, detach, fix,
+                                    host_cursor, run_files)
 
 
 # One read at a time in this process: the files a read attaches are named in the DuckDB host database that every
@@ -125,9 +125,7 @@ def connect_readonly(path: Path, timeout_s: float = 2.0, poll_s: float = 0.05,
             yield from _read(con, attached, path, runs_dir, live, deadline, poll_s, notices)
         finally:
             con.close()
-            with host_cursor() as detach:
-                for alias in attached:
-                    detach.execute(f"DETACH DATABASE IF EXISTS {alias}")
+            detach(*attached)
 
 
 def _read(con: duckdb.DuckDBPyConnection, attached: list[str], path: Path, runs_dir: Path, live: list[Path],

@@ -123,8 +123,8 @@ PRIVACY_COLUMNS = ("run_id", "metric", "mean", "low", "high")
 REBUILD = "python -m pipeline.results.store rebuild"
 # New files get 16 KiB blocks instead of DuckDB's 256 KiB: a small run's file is ~0.2 MB instead of ~3 MB
 # (each is kept in DVC's cache per version); reading needs nothing special.
-NEW_FILE = {"default_block_size": "16384"}  # a new connection's config; ResultsDB.connect attaches with BLOCK_SIZE
-NEW_FILE_ATTACH = "BLOCK_SIZE 16384"
+BLOCK_SIZE = 16384
+NEW_FILE = {"default_block_size": str(BLOCK_SIZE)}  # a new connection's config (ResultsDB.connect: ATTACH's BLOCK_SIZE)
 
 # One in-memory DuckDB database per process hosts every results file a ResultsDB opens, attached while in use: a
 # fresh database costs about 16 ms of CPU to build its catalog, an ATTACH about 1 ms, and a training run opens its
@@ -141,6 +141,13 @@ def host_cursor() -> duckdb.DuckDBPyConnection:
         if _HOST is None or _HOST[0] != os.getpid():
             _HOST = (os.getpid(), duckdb.connect())
         return _HOST[1].cursor()
+
+
+def detach(*aliases: str) -> None:
+    """Detach these databases from the host (those still attached): their files written through and free."""
+    with host_cursor() as con:
+        for alias in aliases:
+            con.execute(f"DETACH DATABASE IF EXISTS {alias}")
 
 
 class ResultsLocked(ResultsError):
@@ -234,29 +241,39 @@ def _check_tables(con: duckdb.DuckDBPyConnection, catalog: str) -> str | None:
     return None
 
 
-def attach(con: duckdb.DuckDBPyConnection, path: str | Path, alias: str, timeout_s: float,
-           poll_s: float = 0.2) -> bool:
-    """ATTACH `path` read-only as `alias`, waiting up to timeout_s while another process holds it.
-    False if there is no such file; ResultsLocked / ResultsError (see damaged) otherwise."""
-    path = Path(path)
+def _attach_when_free(con: duckdb.DuckDBPyConnection, path: Path, alias: str, options: str, timeout_s: float,
+                      poll_s: float) -> bool:
+    """ATTACH `path` as `alias` with DuckDB's `options` ("READ_ONLY", "BLOCK_SIZE n" or none), waiting up to timeout_s
+    while another process (or connection) holds it or a writer has created it without its header yet. False if a
+    READ_ONLY file is not there; ResultsLocked / ResultsError (see damaged) otherwise."""
+    must_exist = "READ_ONLY" in options
     quoted = "'" + str(path).replace("'", "''") + "'"
     deadline = time.monotonic() + timeout_s
     while True:
-        if not path.is_file():
+        if must_exist and not path.is_file():
             return False
         try:
-            con.execute(f"ATTACH {quoted} AS {alias} (READ_ONLY)")
-            break
+            con.execute(f"ATTACH {quoted} AS {alias}" + (f" ({options})" if options else ""))
+            return True
         except duckdb.Error as err:
             why = _first_line(err)
             locked = _busy(why)
             if time.monotonic() >= deadline or not (locked or _being_created(path)):
-                if not path.is_file():
+                if must_exist and not path.is_file():
                     return False  # replaced meanwhile by a new run and not there yet
                 if locked:
                     raise ResultsLocked(f"{path} is locked by another process ({why})", path, why) from err
                 raise damaged(path, why) from err
             time.sleep(poll_s)
+
+
+def attach(con: duckdb.DuckDBPyConnection, path: str | Path, alias: str, timeout_s: float,
+           poll_s: float = 0.2) -> bool:
+    """ATTACH `path` read-only as `alias`, waiting up to timeout_s while another process holds it.
+    False if there is no such file; ResultsLocked / ResultsError (see damaged) otherwise."""
+    path = Path(path)
+    if not _attach_when_free(con, path, alias, "READ_ONLY", timeout_s, poll_s):
+        return False
     try:
         problem = _check_tables(con, alias)
     except duckdb.Error as err:
@@ -303,33 +320,21 @@ class ResultsDB:
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection whose default database is this file, attached to the process's DuckDB host (_host) and
+        """A connection whose default database is this file, attached to the process's DuckDB host (host_cursor) and
         detached on exit, which writes it through and releases its lock: another process can open it then."""
         if self._held is not None and not read_only:
             yield self._held
             return
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        elif not self.path.is_file():
-            raise ResultsError(f"{self.path} not found; {fix(self.path)}", self.path, "not found")
-        quoted = "'" + str(self.path).replace("'", "''") + "'"
         con, alias = host_cursor(), f"results_{next(_ALIASES)}"
-        deadline = time.monotonic() + self.lock_timeout_s
-        while True:
-            try:
-                options = "READ_ONLY" if read_only else "" if self.path.exists() else NEW_FILE_ATTACH
-                con.execute(f"ATTACH {quoted} AS {alias}" + (f" ({options})" if options else ""))
-                break
-            except duckdb.Error as err:  # held by another process: wait for it to close
-                why = _first_line(err)
-                locked = _busy(why)
-                if time.monotonic() > deadline or not (locked or _being_created(self.path)):
-                    con.close()
-                    if locked:
-                        raise ResultsLocked(f"{self.path} is locked by another process ({why})", self.path,
-                                            why) from err
-                    raise damaged(self.path, why) from err
-                time.sleep(0.2)
+        options = "READ_ONLY" if read_only else "" if self.path.exists() else f"BLOCK_SIZE {BLOCK_SIZE}"
+        try:
+            if not _attach_when_free(con, self.path, alias, options, self.lock_timeout_s, 0.2):  # read-only, none
+                raise ResultsError(f"{self.path} not found; {fix(self.path)}", self.path, "not found")
+        except BaseException:
+            con.close()
+            raise
         try:
             con.execute(f"USE {alias}")
             try:
@@ -343,8 +348,7 @@ class ResultsDB:
             yield con
         finally:
             con.close()  # its open transaction, if any, rolled back: then the file can go
-            with host_cursor() as detach:
-                detach.execute(f"DETACH {alias}")
+            detach(alias)
 
     def start_run(self, run_id: str, algorithm: str, dataset: str, setting: str, params: dict, git_rev: str,
                   experiment: str | None = None, changed: dict | None = None, label: str | None = None,
