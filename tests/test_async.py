@@ -26,6 +26,13 @@ from pipeline.federation.ledger import Payload
 from pipeline.train.schedules.async_ import EVENTS_FILE, RANK
 from test_clock import _rows, _run, _trace, _trainer, going_offline, metrics
 
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these runs check the schedule's bookkeeping, not learning."""
+    return small_mnist
+
+
 # ------------------------------------------------------------------------------------------ FedAsync, pure
 
 

@@ -29,6 +29,13 @@ from pipeline.train.engine import Trainer
 from models.resnet import build_model
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): these runs check the clock's and the ledger's bookkeeping, not learning, and
+    a quarter of the convolution is a quarter of their arithmetic."""
+    return small_mnist
+
+
 # ------------------------------------------------------------------------------------------ architecture cost
 
 def test_an_architecture_costs_its_convolutions_and_head():

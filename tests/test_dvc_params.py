@@ -21,6 +21,14 @@ from conftest import tiny_params_raw
 from pipeline.methods import registry
 from test_dvc_deps import stage_body, stages
 
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py), a quarter of the convolution:
+    these runs record which params keys a stage reads, not what it learns."""
+    return small_mnist
+
+
 # Keys a training stage reads that cannot change its results, so changing them must not retrain:
 # how the work is spread (equal results: tests/test_executors.py, tests/test_dask_executor.py) and
 # how often it is saved (tests/test_resume.py), and which stages exist (DVC's foreach itself).

@@ -24,6 +24,14 @@ from pipeline.train.engine import Simulation, Trainer
 from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py), a quarter of the convolution:
+    these runs check payloads, bytes and the server's arithmetic, not learning."""
+    return small_mnist
+
+
 # -- aggregation and prototypes -------------------------------------------------------------
 
 # 3 clients, 3 classes, D = 2; class 1 is held by clients 0 and 2, class 2 by client 1 only

@@ -20,6 +20,14 @@ from pipeline.results.labels import run_label
 from pipeline.train.engine import Trainer
 from pipeline.results.store import TABLES, ResultsError, RunResultsDB, main as results_cli, rebuild_index, run_files
 
+
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py), a quarter of the convolution:
+    these runs check what is written and indexed, not what is learnt."""
+    return small_mnist
+
+
 RUNS = [("fedcache", False), ("local", False), ("local", True)]
 GARBAGE = bytes(range(256)) * 64  # 16 KiB that are no DuckDB file
 

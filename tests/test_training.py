@@ -18,6 +18,13 @@ from pipeline.train.engine import Trainer
 from pipeline.results.store import ResultsDB, RunResultsDB
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py), a quarter of the convolution:
+    these runs check the engine's bookkeeping and evaluation against hand computations, not learning."""
+    return small_mnist
+
+
 def _run(params, part, algorithm, mnist):
     trainer = Trainer(params, REGISTRY[algorithm], part, mnist, paths.run_dir(algorithm),
                       paths.checkpoint_path(algorithm), RunResultsDB(paths.run_results(algorithm)), [paths.PARTITION])
