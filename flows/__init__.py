@@ -31,9 +31,35 @@ for key, value in {
 if sys.argv[:1] == ["-m"]:
     gc.disable()
 
+# The pipeline's stages (dvc.yaml runs each as `./py -m flows.<stage>`), whose Prefect server (flows/api.py) starts
+# now, beside the stage's own imports, instead of after them.
+STAGES = ("partition", "encode", "index", "train", "audit", "report")
+
+
+def stage_of(argv: list[str]) -> str | None:
+    """The stage a command line starts (`python [options] -m flows.<stage> ...`), else None."""
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    stage = module.removeprefix("flows.")
+    return stage if module.startswith("flows.") and stage in STAGES else None
+
+
+def _started_stage() -> str | None:
+    """The stage this process was started as, from its command line (/proc); None elsewhere than Linux, where the
+    server starts once the stage has made its imports, as it did before."""
+    try:
+        return stage_of(Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0"))
+    except OSError:
+        return None
+
 
 def imports_done() -> None:
     """Resume the collector paused above, what the imports made frozen first: it lives as long as the process, and
     every full collection would walk it again."""
     gc.freeze()
     gc.enable()
+
+
+if sys.argv[:1] == ["-m"] and _started_stage():
+    from flows.api import start_early
+
+    start_early()

@@ -7,16 +7,19 @@ process that runs it when there is one (so the stages of one `dvc repro` or one 
 server), else the stage itself. The server watches its owner and exits within a fraction of a
 second once the owner is gone, however it went.
 
-    ensure_api()                                  # in a stage, before its flow runs
-    .venv/bin/python -m flows.api --owner PID     # the server itself (started by ensure_api)
+    start_early()                                 # a stage started as `python -m flows.<stage>`, before its imports
+    ensure_api()                                  # in a stage, before its flow runs: waits until the server answers
+    .venv/bin/python -m flows.api --owner PID     # the server itself (started by either)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -99,23 +102,45 @@ def _registry() -> Path:
     return Path(os.environ["PREFECT_HOME"]) / "stage-servers"
 
 
-def ensure_api(timeout_s: float | None = None) -> str | None:
-    """Point this process's Prefect at its owner's server, starting it if needed; returns its API URL
-    (None when PREFECT_API_URL is set already: that server is used as it is)."""
-    if os.environ.get("PREFECT_API_URL"):
-        return None
-    from filelock import FileLock
-
-    timeout_s = timeout_s or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))
+def _owner_record() -> tuple[int, int, Path]:
+    """(owner pid, its start time, the file naming its server)."""
     owner = owner_pid()
     started = start_time(owner)
     registry = _registry()
     registry.mkdir(parents=True, exist_ok=True)
-    record = registry / f"{owner}-{started}.json"
-    with FileLock(str(registry / ".lock")):  # two stages of one owner never start two servers
-        url = json.loads(record.read_text())["url"] if record.exists() else None
-        if url is None or not _healthy(url):
-            url = _start(owner, started, record, timeout_s)
+    return owner, started, registry / f"{owner}-{started}.json"
+
+
+def _lock():
+    from filelock import FileLock
+
+    return FileLock(str(_registry() / ".lock"))  # two stages of one owner never start two servers
+
+
+def start_early() -> None:
+    """Start the owner's server without waiting for it to answer (nothing when PREFECT_API_URL is set or the server
+    is up or starting already): a stage calls this before its imports (flows/__init__.py), so that the server's start
+    (seconds: Prefect's server imports) runs beside the stage's own (torch, Prefect), and ensure_api() later waits
+    only for what is left of it."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    owner, started, record = _owner_record()
+    with _lock():
+        if _server(record) is None:
+            _spawn(owner, started, record)
+
+
+def ensure_api(timeout_s: float | None = None) -> str | None:
+    """Point this process's Prefect at its owner's server, starting it if needed, and wait until it answers; returns
+    its API URL (None when PREFECT_API_URL is set already: that server is used as it is)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    timeout_s = timeout_s or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 180))
+    owner, started, record = _owner_record()
+    with _lock():
+        server = _server(record) or _spawn(owner, started, record)
+        _wait(server, record, timeout_s)
+    url = server["url"]
     os.environ["PREFECT_API_URL"] = url
     _apply(url)
     return url
@@ -128,27 +153,49 @@ def _apply(url: str) -> None:
     prefect.context.refresh_global_settings_context()
 
 
-def _start(owner: int, started: int, record: Path, timeout_s: float) -> str:
+def _server(record: Path) -> dict | None:
+    """The owner's server named by `record` when it is running (answering, or still starting); None when there is no
+    record or its server is gone (killed: a record the server could not remove)."""
+    try:
+        server = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    running = _healthy(server["url"]) or ("pid_start" in server and alive(server["pid"], server["pid_start"]))
+    return server if running else None
+
+
+def _spawn(owner: int, started: int, record: Path) -> dict:
+    """Start the owner's server on a free port and name it in `record` at once (it removes the record when it
+    stops); the server answers seconds later (_wait)."""
     port = _free_port()
-    url = f"http://127.0.0.1:{port}/api"
     log = record.with_suffix(".log")
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.api", "--owner", str(owner), "--owner-start", str(started),
                                  "--port", str(port), "--record", str(record)],
                                 cwd=Path(flows.__file__).resolve().parent.parent, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C reaches the owner, which it follows
+    server = {"url": f"http://127.0.0.1:{port}/api", "pid": proc.pid, "pid_start": start_time(proc.pid), "owner": owner}
+    record.write_text(json.dumps(server))
+    return server
+
+
+def _wait(server: dict, record: Path, timeout_s: float) -> None:
+    """Until the server answers; a server that exits or does not answer in time is an error naming its log (its
+    record removed, so that the next stage starts a fresh one)."""
+    log = record.with_suffix(".log")
     deadline = time.monotonic() + timeout_s
-    while not _healthy(url):
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Prefect API server exited ({proc.returncode}) before it answered; its log: {log}\n"
-                               f"{log.read_text()[-2000:]}")
+    while not _healthy(server["url"]):
+        if not alive(server["pid"], server.get("pid_start") or 0):
+            record.unlink(missing_ok=True)
+            raise RuntimeError(f"the Prefect API server exited before it answered; its log: {log}\n"
+                               f"{log.read_text()[-2000:] if log.is_file() else ''}")
         if time.monotonic() > deadline:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server["pid"], signal.SIGKILL)
+            record.unlink(missing_ok=True)
             raise RuntimeError(f"the Prefect API server did not answer within {timeout_s:.0f} s "
                                f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); its log: {log}")
         time.sleep(0.1)
-    record.write_text(json.dumps({"url": url, "pid": proc.pid, "owner": owner}))
-    return url
 
 
 # ---------------------------------------------------------------- the server side

@@ -8,6 +8,7 @@ stage itself when it runs by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,3 +97,31 @@ def test_the_owner_is_the_nearest_dvc_process(tmp_path):
                               "print(owner_pid() == os.getpid())"], cwd=Path(__file__).resolve().parent.parent,
                              capture_output=True, text=True, check=True).stdout.strip()
     assert by_hand == "True"
+
+
+def test_a_stage_by_hand_starts_its_server_before_its_imports_and_it_ends_with_the_stage(tiny_workspace):
+    """The server is started as the stage starts (flows/__init__.py), not once its imports are made: a stage whose
+    params are refused (after its imports, before its flow would wait for the server) has started one all the same,
+    named by its record, and that server exits and removes its record once the stage has exited."""
+    cwd, _, _ = tiny_workspace
+    raw = yaml.safe_load((cwd / "params.yaml").read_text())
+    raw["train"]["lr"] = -1.0  # refused by the params' check, which runs before ensure_api()
+    (cwd / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # as from a plain shell
+    registry = Path(os.environ["PREFECT_HOME"]) / "stage-servers"
+    stage = subprocess.Popen([sys.executable, "-m", "flows.train", "local"], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = api.start_time(stage.pid)
+        record = registry / f"{stage.pid}-{started}.json"
+        wait_for(lambda: record.is_file() or stage.poll() is not None, 60, "the stage's server record")
+        assert record.is_file(), "the stage ended without having started a server"
+        server = json.loads(record.read_text())
+        _, err = stage.communicate(timeout=120)
+        assert stage.returncode == 2 and "train.lr" in err, err  # refused, naming the key
+        wait_for(lambda: not api.alive(server["pid"], server["pid_start"]), 60, "the stage's server to exit")
+        wait_for(lambda: not record.exists(), 10, "the server's record to go")
+    finally:
+        if stage.poll() is None:
+            os.killpg(stage.pid, signal.SIGKILL)
+            stage.wait()
