@@ -121,6 +121,10 @@ def run_dash(runs: dict[str, str], field: str = "run", title: str = "run") -> al
 
 
 ACC_Y = alt.Y("mean_acc:Q", title="mean user accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
+# The charts of every rerun encode channel objects, not shorthand strings: Altair builds a string (or a dict) into its
+# channel through from_dict, which hashes every schema class again on each call.
+RUN_TIP = alt.Tooltip("run:N")
+ROUND_TIP = alt.Tooltip("round:Q")
 BYTES_TIP = alt.Tooltip("cum_bytes:Q", format=",", title="cumulative bytes (B)")
 MEAN_ACC_TIP = alt.Tooltip("mean_acc:Q", format=".2%", title="mean accuracy")
 
@@ -146,7 +150,7 @@ def accuracy_vs_round(curves: pd.DataFrame, runs: dict[str, str] | None = None, 
         title, x_enc = "Mean user accuracy vs round", alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     return alt.Chart(curves, title=wrapped_title(title)).mark_line(point=True).encode(
         x=x_enc, y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", *_acc_tips(curves), alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"),
+        tooltip=[RUN_TIP, ROUND_TIP, *_acc_tips(curves), alt.Tooltip("cum_s:Q", format=".1f", title="wall-clock s"),
                  BYTES_TIP],
     ).properties(height=HEIGHT).interactive()  # wheel zooms, drag pans; a double click resets
 
@@ -167,7 +171,7 @@ def accuracy_band(grouped: pd.DataFrame, groups: dict[str, str] | None = None, x
         zero=False), axis=alt.Axis(format="%")), y2="acc_max:Q", color=run_color(groups, legend=False))
     line = base.mark_line(point=True).encode(
         y=ACC_Y, color=run_color(groups), strokeDash=run_dash(groups),
-        tooltip=[alt.Tooltip("run:N", title="group"), "round", alt.Tooltip("mean_acc:Q", format=".2%", title="mean"),
+        tooltip=[alt.Tooltip("run:N", title="group"), ROUND_TIP, alt.Tooltip("mean_acc:Q", format=".2%", title="mean"),
                  alt.Tooltip("acc_min:Q", format=".2%", title="min"), alt.Tooltip("acc_max:Q", format=".2%", title="max"),
                  alt.Tooltip("n:Q", title="seeds"), BYTES_TIP])
     return alt.layer(band, line).properties(title=wrapped_title(title), height=HEIGHT)
@@ -185,12 +189,12 @@ def accuracy_vs_bytes(curves: pd.DataFrame, zero_byte_runs: pd.DataFrame,
         x=alt.X("cum_bytes:Q", title="cumulative bytes (log)", scale=alt.Scale(type="log", domain=[
             decades[0], decades[-1]]), axis=alt.Axis(values=decades, labelExpr=BYTES_LABEL)),
         y=ACC_Y, color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", *_acc_tips(curves), BYTES_TIP],
+        tooltip=[RUN_TIP, ROUND_TIP, *_acc_tips(curves), BYTES_TIP],
     ).properties(height=HEIGHT).interactive()  # wheel zooms, drag pans; a double click resets
     if zero_byte_runs.empty:
         return base.properties(title=wrapped_title(title))
     rules = alt.Chart(zero_byte_runs).mark_rule(strokeDash=[6, 4]).encode(
-        y="maua:Q", color=run_color(runs), tooltip=["run", alt.Tooltip("maua:Q", format=".2%", title="MAUA (0 bytes)")])
+        y=alt.Y("maua:Q"), color=run_color(runs), tooltip=[RUN_TIP, alt.Tooltip("maua:Q", format=".2%", title="MAUA (0 bytes)")])
     return alt.layer(base, rules).properties(title=wrapped_title(title))
 
 
@@ -216,7 +220,7 @@ def client_accuracy(history: pd.DataFrame, client_id: int, runs: dict[str, str] 
         x=alt.X("round:Q", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("acc:Q", title="accuracy", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5)),
         color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", alt.Tooltip("acc:Q", format=".2%"), "n_test"],
+        tooltip=[RUN_TIP, ROUND_TIP, alt.Tooltip("acc:Q", format=".2%"), alt.Tooltip("n_test:Q")],
     ).properties(height=300, autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
 
 
@@ -234,7 +238,7 @@ def bytes_by_family(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt
         y=log_bytes_y(decades, "bytes (log)"),
         y2=alt.datum(decades[0]),  # bars rise from the axis' bottom decade: a log axis has no 0
         **run_bars(runs),
-        tooltip=["run", alt.Tooltip("flow:N", title="traffic"), alt.Tooltip("kinds:N", title="payload kinds"),
+        tooltip=[RUN_TIP, alt.Tooltip("flow:N", title="traffic"), alt.Tooltip("kinds:N", title="payload kinds"),
                  alt.Tooltip("bytes:Q", format=",", title="bytes (B)")],
     ).properties(height=HEIGHT)
 
@@ -248,7 +252,7 @@ def bytes_per_round(df: pd.DataFrame, runs: dict[str, str] | None = None) -> alt
         x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
         y=log_bytes_y(decades_of(df["bytes"]), "bytes per round (log)"),
         color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", alt.Tooltip("up:Q", format=",", title="up (B)"),
+        tooltip=[RUN_TIP, ROUND_TIP, alt.Tooltip("up:Q", format=",", title="up (B)"),
                  alt.Tooltip("down:Q", format=",", title="down (B)"), alt.Tooltip("bytes:Q", format=",", title="total (B)")],
     ).properties(height=HEIGHT)
 
@@ -258,7 +262,8 @@ def label_heatmap(mix: pd.DataFrame) -> alt.Chart:
         x=alt.X("class:N", sort=alt.SortField("class_id"), title=None, axis=alt.Axis(labelAngle=-30)),
         y=alt.Y("client_id:O", title="client"),
         color=alt.Color("count:Q", title="samples", scale=alt.Scale(scheme="blues")),
-        tooltip=["client_id", "class", "count", alt.Tooltip("share:Q", format=".1%"), "test_count"],
+        tooltip=[alt.Tooltip("client_id:Q"), alt.Tooltip("class:N"), alt.Tooltip("count:Q"), alt.Tooltip("share:Q", format=".1%"),
+                 alt.Tooltip("test_count:Q")],
     ).properties(height=max(200, 14 * mix["client_id"].nunique()))
 
 
@@ -300,7 +305,7 @@ def cache_metric(stats: pd.DataFrame, metric: str, runs: dict[str, str] | None =
         x=alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y(f"{metric}:Q", title=y_title, scale=y_scale, axis=axis),
         color=run_color(runs), strokeDash=run_dash(runs),
-        tooltip=["run", "round", alt.Tooltip(f"{metric}:Q", format=".2%" if fmt == "%" else fmt, title=y_title)],
+        tooltip=[RUN_TIP, ROUND_TIP, alt.Tooltip(f"{metric}:Q", format=".2%" if fmt == "%" else fmt, title=y_title)],
     ).properties(height=HEIGHT)
 
 
@@ -314,7 +319,7 @@ def teacher_vs_students(stats: pd.DataFrame, runs: dict[str, str] | None = None)
         id_vars=["run", "round"], value_vars=curves, var_name="curve", value_name="acc").dropna(subset=["acc"])
     x = alt.X("round:Q", title="round", axis=alt.Axis(tickMinStep=1))
     y = alt.Y("acc:Q", title="accuracy", scale=alt.Scale(zero=False), axis=alt.Axis(format="%"))
-    tips = ["run", "round", "curve", alt.Tooltip("acc:Q", format=".2%", title="accuracy")]
+    tips = [RUN_TIP, ROUND_TIP, alt.Tooltip("curve:N"), alt.Tooltip("acc:Q", format=".2%", title="accuracy")]
     base = alt.Chart(df).encode(x=x, y=y, tooltip=tips)
     # two layers, so that each legend draws its own symbols: dashes from the lines, runs from the points
     run_legend = alt.Legend(orient="bottom", columns=legend_columns(runs), labelLimit=LABEL_LIMIT)

@@ -80,7 +80,7 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
             alt.Tooltip("bytes:Q", format=",", title="bytes (B, exact)"), alt.Tooltip("status:N", title="frontier")]
     color = run_color(runs)
     bars = alt.Chart(sent).mark_rule(strokeWidth=1.5, opacity=0.7).encode(
-        x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False)), y2="maua_high:Q",
+        x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% interval)", scale=alt.Scale(zero=False)), y2=alt.Y2("maua_high:Q"),
         color=color, tooltip=tips)
     dots = alt.Chart(sent).mark_point(size=110, strokeWidth=2).encode(
         x=x, y=y, color=color, shape=encoding_shape_channel(sent["encoding"]),
@@ -93,12 +93,12 @@ def pareto(points: pd.DataFrame, runs: dict[str, str] | None = None) -> alt.Laye
     named = sent[sent["status"] != "off"]
     middle = (math.log10(decades[0]) + math.log10(decades[-1])) / 2
     right = named["bytes"].map(lambda b: math.log10(b) > middle)
-    labels = [alt.Chart(part).mark_text(align=align, dx=dx, dy=-9, fontSize=11, limit=POINT_LABEL_LIMIT).encode(x=x, y=y, text="label:N")
+    labels = [alt.Chart(part).mark_text(align=align, dx=dx, dy=-9, fontSize=11, limit=POINT_LABEL_LIMIT).encode(x=x, y=y, text=alt.Text("label:N"))
               for part, align, dx in ((named[~right], "left", 9), (named[right], "right", -9)) if len(part)]
     layers = [stairs, bars, dots, *labels]
     if not free.empty:
         layers.append(alt.Chart(free).mark_rect(opacity=0.12).encode(
-            y=alt.Y("maua_low:Q", scale=alt.Scale(zero=False)), y2="maua_high:Q", color=color, tooltip=tips))
-        layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y="maua:Q", color=color, tooltip=tips))
+            y=alt.Y("maua_low:Q", scale=alt.Scale(zero=False)), y2=alt.Y2("maua_high:Q"), color=color, tooltip=tips))
+        layers.append(alt.Chart(free).mark_rule(strokeDash=[6, 4]).encode(y=alt.Y("maua:Q"), color=color, tooltip=tips))
     return alt.layer(*layers).properties(title=alt.TitleParams(  # two lines: one is cut short in a narrow window
         ["Accuracy against bytes:", "the Pareto frontier (filled, labelled)"]), height=HEIGHT)

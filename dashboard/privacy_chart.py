@@ -42,9 +42,9 @@ def privacy_scatter(points: pd.DataFrame, baselines: pd.DataFrame, attack: str,
         domain=names, range=SERIES_SHAPES[:len(names)]), legend=alt.Legend(orient="top", labelLimit=LABEL_LIMIT)
         if len(names) > 1 else None)
     across = alt.Chart(shown.dropna(subset=["low", "high"])).mark_rule(strokeWidth=1.5, opacity=0.7).encode(
-        x=alt.X("low:Q", title=spec.axis), x2="high:Q", y=y, color=color, tooltip=tips)
+        x=alt.X("low:Q", title=spec.axis), x2=alt.X2("high:Q"), y=y, color=color, tooltip=tips)
     up = alt.Chart(shown.dropna(subset=["maua_low", "maua_high"])).mark_rule(strokeWidth=1.5, opacity=0.7).encode(
-        x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% intervals)"), y2="maua_high:Q", color=color, tooltip=tips)
+        x=x, y=alt.Y("maua_low:Q", title="MAUA (bars: 95% intervals)"), y2=alt.Y2("maua_high:Q"), color=color, tooltip=tips)
     dots = alt.Chart(shown).mark_point(size=110, strokeWidth=2, filled=True, opacity=1).encode(
         x=x, y=y, color=color, shape=shape, tooltip=tips)
     rule = alt.Chart(baselines.assign(name=spec.baseline_name)).mark_rule(
