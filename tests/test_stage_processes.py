@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import seed_prefect_db
 from flows import api
+from flows.api import _free_port
 from pipeline import paths
 
 pytestmark = pytest.mark.slow
@@ -125,3 +127,27 @@ def test_a_stage_by_hand_starts_its_server_before_its_imports_and_it_ends_with_t
         if stage.poll() is None:
             os.killpg(stage.pid, signal.SIGKILL)
             stage.wait()
+
+
+def test_a_stage_server_registers_no_block_types(tmp_path, prefect_api):  # prefect_api: the database to seed from
+    """A stage's server skips Prefect's block registration at its start (flows/api.py: STAGE_SERVER_SETTINGS): the
+    stages use no blocks. Prefect writes memo_store.toml in PREFECT_HOME when it registers them (or checks whether it
+    must); a stage server started on a fresh PREFECT_HOME (its database migrated, as the tests' copies have) leaves
+    none."""
+    home = tmp_path / "prefect-home"
+    seed_prefect_db(home)
+    owner = subprocess.Popen(["sleep", "600"])
+    port, record = _free_port(), home / "server.json"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home)}
+    server = subprocess.Popen([sys.executable, "-m", "flows.api", "--owner", str(owner.pid), "--port", str(port),
+                               "--record", str(record)], cwd=Path(__file__).resolve().parent.parent, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: api._healthy(f"http://127.0.0.1:{port}/api") or server.poll() is not None, 180,
+                 "the server to answer")
+        assert server.poll() is None, "the server exited"
+        assert (home / "prefect.db").is_file() and not (home / "memo_store.toml").exists()
+    finally:
+        owner.kill()
+        owner.wait()
+        server.wait(timeout=60)  # it follows its owner out
