@@ -28,8 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import flows  # noqa: F401  (PREFECT_HOME and the offline defaults)
-from flows import imports_done
+# No import of the flows package here: it is imported before this module whenever this module is (its parent; its
+# PREFECT_HOME and offline defaults set), and flows/__init__.py imports this module, for start_early().
+ROOT = Path(__file__).resolve().parent.parent
 
 POLL_S = 0.2  # how often a server looks for its owner
 DVC_PROGRAMS = {"dvc"}
@@ -172,7 +173,7 @@ def _spawn(owner: int, started: int, record: Path) -> dict:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.api", "--owner", str(owner), "--owner-start", str(started),
                                  "--port", str(port), "--record", str(record)],
-                                cwd=Path(flows.__file__).resolve().parent.parent, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C reaches the owner, which it follows
     server = {"url": f"http://127.0.0.1:{port}/api", "pid": proc.pid, "pid_start": start_time(proc.pid), "owner": owner}
     record.write_text(json.dumps(server))
@@ -218,6 +219,8 @@ def serve(owner: int, owner_start: int, port: int, record: Path | None) -> int:
     os.environ.update(STAGE_SERVER_SETTINGS)
     import prefect.server.api.server  # noqa: F401  (what create_app needs: most of the server's start)
     import uvicorn
+
+    from flows import imports_done
 
     imports_done()  # flows/__init__.py paused the collector for the imports of `python -m flows.api`
     os.environ["PREFECT_UI_ENABLED"] = "0"

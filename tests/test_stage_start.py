@@ -21,6 +21,7 @@ from conftest import REPO_ROOT
     (["python", "-m", "flows.pipeline", ""], None),  # the whole-pipeline flow: its stages run in it, not as processes
     (["python", "-m", "flows.trainer", ""], None),
     (["python", "-m", "pipeline.train", ""], None),
+    (["python", "-m", "train", ""], None),  # a module of that name outside flows
     (["python", "-m"], None),
     (["python", "script.py", ""], None),
 ])
