@@ -299,10 +299,34 @@ def exit_once(before_exit: str) -> dict:
     return {"s": ended - float(last), "dynamo": dynamo == "True"}
 
 
+def server_once() -> dict:
+    """One stage Prefect server (flows/api.py, as a stage starts it, owned by this process): seconds from its start to
+    its first answer, then stopped."""
+    from flows import api
+
+    port = api._free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.api", "--owner", str(os.getpid()), "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while not api._healthy(f"http://127.0.0.1:{port}/api"):
+            if proc.poll() is not None:
+                return {"error": (proc.stderr.read().strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+            if time.perf_counter() - start > 180:
+                return {"error": "the server did not answer within 180 s"}
+            time.sleep(0.05)  # poll interval of the health check
+        return {"s": time.perf_counter() - start, "dynamo": False}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def startup(repeats: int = 3) -> list[dict]:
     rows = []
     parts = [(what, lambda setup=setup, statement=statement: startup_once(setup, statement))
              for what, setup, statement in STARTUP]
+    parts.append(("a stage's Prefect server, from its start to its first answer (python -m flows.api)", server_once))
     parts += [(what, lambda before=before: exit_once(before)) for what, before in EXITS]
     for what, once in parts:
         runs = [once() for _ in range(repeats)]

@@ -136,3 +136,10 @@ def test_one_tiny_lever_run_end_to_end(tmp_path, repo_root):
         assert r["threads"] == 1 and r["clients"] == 4 and len(r["round_s"]) == len(r["eval_s"]) == 1
         assert len(r["acc"]) == 4 and all(0 <= a <= 1 for a in r["acc"])
     assert nhwc["n"] == base["n"]  # the same partition and test rows: the accuracies pair by client
+
+
+@pytest.mark.slow  # starts a real Prefect server (seconds)
+def test_the_server_start_part_times_a_server_until_it_answers():
+    row = levers.server_once()
+    assert "error" not in row, row
+    assert 0 < row["s"] < 180 and row["dynamo"] is False
