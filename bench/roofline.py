@@ -33,7 +33,9 @@ rounds, then `--rounds` timed ones (the best is reported), then the profiled one
 default (1 sequential, every core vectorized: params.yaml's train.threads null) unless --threads.
 
 Prints Markdown tables and writes them to bench/results/roofline-<cpu>.md, a file the docs can include (--quick:
-bench/.work/roofline/, not the results folder). The demo setting dominates the run time: its rounds train 54,000
+bench/.work/roofline/, not the results folder). The demo's figures were measured apart, into
+bench/results/roofline-demo-<cpu>.md (`--settings demo --precisions fp32 --out ...`): without bf16 units its
+emulated bf16 rounds would take hours; docs/speed.md shows every roofline file of bench/results/. The demo setting dominates the run time: its rounds train 54,000
 samples (bench/executors.py measured 158 s sequential, 91 s vectorized per training round on 2 cores), three
 rounds per executor with the defaults; --warmup 0 saves one. The other ops class holds activations, residual
 additions, pooling and autograd's own bookkeeping. Measure on an idle machine: where other processes take the
@@ -216,7 +218,7 @@ def round_work(sim, round_: int, splits: tuple[str, ...] = ("test", "val")) -> W
         if key not in costs:
             shape = tuple(c.x_train.shape[1:])
             costs[key] = (train_step_flops(c.model, shape, batch), forward_flops(c.model, shape))
-            work.per_model[type(c.model).__name__ + _depth(c.model)] = costs[key]
+            work.per_model[model_label(c.model)] = costs[key]
         per_train, per_eval = costs[key]
         trained = sim.samples_trained(c, round_)
         evaluated = sum(len(c.y_test if s == "test" else c.y_val) for s in splits)
@@ -227,10 +229,17 @@ def round_work(sim, round_: int, splits: tuple[str, ...] = ("test", "val")) -> W
     return work
 
 
-def _depth(model: torch.nn.Module) -> str:
-    """'-8', '-16', '-20' for the project's ResNets (weighted layers: convolutions on the main path + the head)."""
-    convs = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) and "shortcut" not in n]
-    return f"-{len(convs) + 1}" if convs else ""
+def model_label(model: torch.nn.Module) -> str:
+    """'ResNet-8', 'ResNet-16', 'ResNet-20': the name params.yaml and the official code give the project's ResNets
+    (models/resnet.py). Not a count of layers: the official "ResNet-16" (2 blocks a stage) has 14 weighted ones."""
+    from models.resnet import ARCHITECTURES, ResNet
+
+    if isinstance(model, ResNet):
+        names = {blocks: name for name, blocks in ARCHITECTURES.items()}
+        name = names.get(len(model.stages[0]))
+        if name is not None:
+            return f"ResNet-{name.removeprefix('resnet')}"
+    return type(model).__name__
 
 
 # ------------------------------------------------------------------------------------------------ where time goes

@@ -47,6 +47,14 @@ def test_the_flop_counter_agrees_with_resnet8_counted_by_hand():
         3 * RESNET8_BY_HAND - STEM, rel=0.01)
 
 
+def test_models_are_labelled_by_their_names_not_their_layer_counts():
+    """The official code's ResNet-16 (2 blocks a stage) has 14 weighted layers; the tables name it as
+    params.yaml and the official code do."""
+    assert [roofline.model_label(build_model(n, 1, 10)) for n in ("resnet8", "resnet16", "resnet20")] == \
+        ["ResNet-8", "ResNet-16", "ResNet-20"]
+    assert roofline.model_label(torch.nn.Linear(2, 2)) == "Linear"
+
+
 def test_op_classes():
     assert roofline.op_class("aten::mkldnn_convolution") == "convolution"
     assert roofline.op_class("aten::convolution_backward") == "convolution"
