@@ -5,8 +5,9 @@
 
 The files: bench/results/official-round-<cpu>.json (bench/official_round.py: the official FedCache code's demo
 round against ours), scaling-<cpu>.json (bench/scaling.py: cost against K) and roofline-<cpu>.md
-(bench/roofline.py: the round against the CPU's peak), one of each per CPU kind measured. The speed levers have
-their own section in docs/executors.md (bench/levers.py --docs). No figure on the page is typed by hand.
+(bench/roofline.py: the round against the CPU's peak; roofline-demo-<cpu>.md for `--settings demo`), one of each
+per CPU kind measured. The speed levers have their own section in docs/executors.md (bench/levers.py --docs). No
+figure on the page is typed by hand.
 """
 
 from __future__ import annotations
