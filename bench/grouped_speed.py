@@ -46,8 +46,9 @@ def separate_step(num_clients: int) -> Callable[[], int]:
     return step
 
 
-def grouped_step(num_clients: int, channels_last: bool, masked: bool = False) -> Callable[[], int]:
-    models = [build_model("resnet8", SHAPE[0], CLASSES) for _ in range(num_clients)]
+def grouped_step(num_clients: int, channels_last: bool, masked: bool = False, model: str = "resnet8") -> Callable[[], int]:
+    """One training step of `num_clients` clients in one GroupedModel; the step's `net` is that network."""
+    models = [build_model(model, SHAPE[0], CLASSES) for _ in range(num_clients)]
     grouped = GroupedModel(models, channels_last=channels_last).train()
     opt = GroupedSGD(grouped, LR, MOMENTUM, WEIGHT_DECAY)
     x, y = torch.randn(num_clients * BATCH, *SHAPE), torch.randint(0, CLASSES, (num_clients * BATCH,))
@@ -64,6 +65,7 @@ def grouped_step(num_clients: int, channels_last: bool, masked: bool = False) ->
         opt.step(num_clients)
         return int(real.sum()) if masked else num_clients * BATCH
 
+    step.net = grouped
     return step
 
 

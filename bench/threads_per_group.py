@@ -20,40 +20,31 @@ also need each step's exchanges put in one order across the threads). Run it on 
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # the models, and the sibling bench modules
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from models.grouped import GroupedModel, GroupedSGD  # noqa: E402
-from models.resnet import ARCHITECTURES, build_model  # noqa: E402
-
-BATCH, CLASSES, SHAPE = 8, 10, (1, 28, 28)
+from grouped_speed import BATCH, grouped_step  # noqa: E402
+from models.resnet import ARCHITECTURES  # noqa: E402
 
 
 class Group:
-    """One grouped network of `clients` same-architecture clients with its optimizer and a fixed batch."""
+    """One grouped network of `clients` same-architecture clients and its step (bench/grouped_speed.py: random
+    1 x 28 x 28 batch, cross-entropy, GroupedSGD)."""
 
     def __init__(self, model: str, clients: int):
-        self.clients = clients
-        self.net = GroupedModel([build_model(model, SHAPE[0], CLASSES) for _ in range(clients)]).train()
-        self.opt = GroupedSGD(self.net, 0.01, 0.9, 5e-4)
-        self.x = torch.randn(clients * BATCH, *SHAPE)
-        self.y = torch.randint(0, CLASSES, (clients * BATCH,))
+        self.step = grouped_step(clients, channels_last=False, model=model)
+        self.net = self.step.net
 
     def steps(self, n: int) -> None:
         for _ in range(n):
-            self.net.set_step(self.clients, BATCH, None)
-            rows = F.cross_entropy(self.net(self.x), self.y, reduction="none").view(self.clients, BATCH)
-            self.opt.zero_grad()
-            rows.mean(1).sum().backward()
-            self.opt.step(self.clients)
+            self.step()
 
 
 def in_turn(groups: list[Group], steps: int) -> float:
