@@ -126,12 +126,9 @@ def precision_knob() -> bool:
 
 def bf16_flags() -> dict[str, bool]:
     """The CPU's bf16 instruction flags (/proc/cpuinfo): without them bf16 arithmetic is emulated."""
-    info = Path("/proc/cpuinfo")
-    flags: set[str] = set()
-    for line in (info.read_text().splitlines() if info.exists() else []):
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
+    from pipeline.machine import cpu_flags
+
+    flags = cpu_flags()
     return {name: name in flags for name in ("avx512_bf16", "amx_bf16")}
 
 

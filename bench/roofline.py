@@ -19,7 +19,7 @@ the partition, encode and index stages run in bench/.work/roofline/<setting>/) a
             in fp32 and in bf16. A CPU without bf16 units (/proc/cpuinfo: neither avx512_bf16 nor amx_bf16)
             emulates the bf16 GEMM: its figure is measured all the same and marked "emulated, no bf16 units".
   achieved  round FLOPs / round wall seconds (training + evaluation; no results or checkpoint writes) / peak,
-            per executor and precision: fp32 is `train.precision: float32` (the default), bf16 the same round
+            per executor and precision: fp32 is `train.precision: float32` (the reference), bf16 the same round
             with `train.precision: bfloat16` (the forward passes and losses of training and evaluation under
             bfloat16 autocast; pipeline/train/precision.py), set against the bf16 peak.
   the rest  torch.profiler over one more round: each op's self CPU time by op class (convolution, batch norm,
@@ -69,7 +69,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from pipeline.machine import cpu_description  # noqa: E402
+from pipeline.machine import cpu_description, cpu_flags, cpuinfo_fields  # noqa: E402
 
 EXECUTORS = ("sequential", "vectorized")
 PRECISIONS = ("fp32", "bf16")
@@ -98,17 +98,7 @@ SETTINGS: dict[str, tuple[str, Any, bool]] = {
 
 # ------------------------------------------------------------------------------------------------ the machine
 
-def cpu_flags() -> set[str]:
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
-        return set()
-    for line in info.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
-def bf16_units(flags: set[str] | None = None) -> str | None:
+def bf16_units(flags: set[str] | frozenset[str] | None = None) -> str | None:
     """The CPU's bf16 instructions among `flags` (default: this CPU's); None: none, so bf16 arithmetic is
     emulated (converted to fp32 and back), slower than fp32."""
     flags = cpu_flags() if flags is None else flags
@@ -134,11 +124,7 @@ def precision_label(precision: str, units: str | None) -> str:
 
 def cpu_slug() -> str:
     """A file-name form of the CPU: its model name, family and model numbers, and the CPU count."""
-    fields: dict[str, str] = {}
-    info = Path("/proc/cpuinfo")
-    for line in (info.read_text().splitlines() if info.exists() else []):
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    fields = cpuinfo_fields()
     name = fields.get("model name") or platform.processor() or platform.machine()
     name = re.sub(r"\(r\)|\(tm\)|\bcpu\b|\bprocessor\b|@.*$|\d+-core", "", name.lower())
     slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"

@@ -17,17 +17,32 @@ def cpu_description() -> str:
     info = Path("/proc/cpuinfo")
     if not info.exists():
         return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
-    fields: dict[str, str] = {}
-    for line in info.read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
+    fields = cpuinfo_fields()
+    flags = cpu_flags()
     vector = ("AVX-512" + (" with BF16" if "avx512_bf16" in flags else "") if "avx512f" in flags
               else "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
     if "amx_tile" in flags:
         vector += ", AMX"
     return (f"{fields.get('model name', platform.processor())} (family {fields.get('cpu family', '?')}, model "
             f"{fields.get('model', '?')}; {vector}), {os.cpu_count()} CPUs")
+
+
+@functools.cache
+def cpuinfo_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is no such file)."""
+    info = Path("/proc/cpuinfo")
+    fields: dict[str, str] = {}
+    if info.exists():
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (e.g. avx2, avx512_bf16, amx_bf16); empty where the
+    system does not say."""
+    return frozenset(cpuinfo_fields().get("flags", "").split())
 
 
 # the packages a run's figures depend on (accuracy: torch's kernels; bytes and timing: the rest of the stack)
