@@ -56,6 +56,18 @@ CHOICES: dict[str, dict] = {
                "its MLP and 0.01 for its CNN)",
         "tie_break": "among candidates the data cannot separate, 0.01: the official README's value for its CNN",
     },
+    "train_precision": {
+        "method": "fedcache", "key": "train.precision", "candidates": ["float32", "bfloat16"],
+        "default": "auto", "setting": {},
+        "where": "params.yaml's default (make run's scale: K = 20 x 100 FashionMNIST samples, ResNet-8, 7 rounds)",
+        "why": "bfloat16 autocast trains faster where the CPU has bfloat16 units (avx512_bf16 or AMX; "
+               "docs/executors.md's levers), and may cost accuracy: it is the default only if it ties",
+        "tie_break": "among candidates the data cannot separate, the faster on the CPU that runs: bfloat16 with AMX, "
+                     "float32 (the reference) elsewhere, where bfloat16 is emulated and several times slower",
+        # the default is neither candidate but a rule between them (pipeline/train/precision.py)
+        "default_means": "bfloat16 on a CPU with AMX (measured faster there: docs/executors.md's levers), float32 "
+                         "elsewhere; it stands only while bfloat16 ties or leads here",
+    },
 }
 
 
@@ -198,13 +210,16 @@ def render() -> str:
             lines.append(f"| {r['candidate']} | {per_seed} | {r['mean']:.4f} | {r['final']:.4f} | "
                          f"{r['diff'] or '—'} | {r['verdict']} |")
         tied = [r["candidate"] for r in rows if r["verdict"] == "tied"]
-        default = CHOICES.get(result["choice"], result)["default"]
+        choice = CHOICES.get(result["choice"], result)
+        default = choice["default"]
         lines += ["", f"Highest mean validation MAUA: {picked}"
                   + (f", tied with {', '.join(map(str, tied))}: the data cannot separate them. Among such candidates the "
-                     f"default is {CHOICES.get(result['choice'], result)['tie_break'].removeprefix('among candidates the data cannot separate, ')}"
+                     f"default is {choice['tie_break'].removeprefix('among candidates the data cannot separate, ')}"
                      if tied else "") + ".",
                   "", f"Default: **{default}**"
-                  + (" (the highest mean)" if default == picked else " (tied with the highest mean)" if default in tied
+                  + (f": {choice['default_means']}" if "default_means" in choice and
+                     all(r["verdict"] != "behind" for r in rows)
+                     else " (the highest mean)" if default == picked else " (tied with the highest mean)" if default in tied
                      else ": **behind the highest mean; this measurement says change it**") + ".", ""]
     lines += ["## Defaults no run chose", "",
               "Every other number that looks tuned was taken from a source or fixed by design; none was picked by "
