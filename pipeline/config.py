@@ -176,8 +176,9 @@ class TrainParams(Section):
     threads: int | None = Field(None, ge=1)
     executor: Literal["sequential", "vectorized", "dask"] = "vectorized"
     # bfloat16: local training's forward + loss and evaluation under torch.autocast(bfloat16); weights, optimizer
-    # state and payloads stay float32 (pipeline/train/precision.py). float32 is the reference
-    precision: Literal["float32", "bfloat16"] = "float32"
+    # state and payloads stay float32 (pipeline/train/precision.py). float32 is the reference; auto: bfloat16 on a
+    # CPU with AMX (measured faster, tied on accuracy: docs/choices.md), float32 elsewhere
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
     group_size: int = Field(32, ge=1)
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core

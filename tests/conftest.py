@@ -103,8 +103,9 @@ TINY_PARAMS = {
     "partition": {"num_clients": 3, "samples_per_client": 30, "min_samples": 5, "test_fraction": 0.1,
                   "val_ratio": 0.34},
     "index": {"R": 3},
-    # one thread: a second one only oversubscribes a busy 2-core CI machine at this size
-    "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1},
+    # one thread: a second one only oversubscribes a busy 2-core CI machine at this size; float32 (the reference),
+    # not params.yaml's auto: the same arithmetic on every CPU kind CI runs on (tests/test_precision.py tests auto)
+    "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1, "precision": "float32"},
     # the privacy audit's budgets at the tiny scale (seconds, not the default's minute)
     "audit": {"public": 300, "inverter_epochs": 3, "members": 16, "shadow_models": 2, "shadow_epochs": 1,
               "dlg_clients": 1, "dlg_steps": 5},
@@ -295,7 +296,7 @@ def plain_env(home: Path) -> dict[str, str]:
 TINY_SPLITS = {key: TINY_PARAMS["partition"][key] for key in ("test_fraction", "val_ratio")}
 TINY_REPO = {"data": {"dataset": "mnist"}, "partition": {"num_clients": 4, "samples_per_client": 60, **TINY_SPLITS},
              "index": {"R": 3}, "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "hetero_algorithms": [],
-                                          "threads": 1},
+                                          "threads": 1, "precision": "float32"},
              "audit": TINY_PARAMS["audit"]}
 
 

@@ -17,6 +17,7 @@ from boundary import record_uploads, trainer_for
 from conftest import with_section
 
 from pipeline.config import ConfigError, parse_params
+from pipeline.train import precision
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,15 @@ def test_a_bad_precision_is_refused_naming_the_key(default_params_raw):
         parse_params(default_params_raw)
     default_params_raw["train"]["precision"] = "bfloat16"
     assert parse_params(default_params_raw).train.precision == "bfloat16"
+
+
+def test_auto_is_bfloat16_on_a_cpu_with_amx_and_float32_elsewhere(monkeypatch):
+    for amx, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(precision, "_cpu_has_amx_bf16", lambda amx=amx: amx)
+        assert precision.resolved_precision("auto", "cpu") == expected
+        assert precision.resolved_precision("auto", torch.device("cuda")) == "float32"  # no GPU measured yet
+        for fixed in ("float32", "bfloat16"):
+            assert precision.resolved_precision(fixed, "cpu") == fixed
 
 
 class ConvOutputs:
@@ -108,3 +118,14 @@ def test_bfloat16_accuracy_stays_near_float32s(tiny_workspace, mnist):
     _assert_float32_outside_and_same_bytes(runs)
     acc = {precision: run[0].history[-1][1] for precision, run in runs.items()}
     assert abs(acc["bfloat16"] - acc["float32"]) < 0.2, acc
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_runs_what_it_resolves_to_and_the_run_records_it(tiny_workspace, mnist, monkeypatch, amx):
+    """params.yaml's default: the same run as the precision it resolves to on this CPU, which the run records."""
+    monkeypatch.setattr(precision, "_cpu_has_amx_bf16", lambda: amx)
+    _, params, part = tiny_workspace
+    trainer, _, convs, _ = _run(params, part, mnist, "vectorized", "auto", "step", rounds=1)
+    expected = torch.bfloat16 if amx else torch.float32
+    assert convs == {"train": {expected}, "eval": {expected}}
+    assert trainer.environment()["precision"] == ("bfloat16" if amx else "float32")

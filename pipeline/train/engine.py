@@ -66,6 +66,7 @@ from pipeline.results.labels import run_label
 from pipeline.train import checkpoint
 from pipeline.train.capture import Capture
 from pipeline.train.executors import SequentialExecutor, StepHook, VectorizedExecutor
+from pipeline.train.precision import resolved_precision
 from pipeline.train.schedules import schedule_class
 from pipeline.train.schedules.base import Schedule
 
@@ -390,10 +391,12 @@ class Trainer:
 
     def environment(self) -> dict:
         """Where and how this run computes: the machine's record (pipeline.machine.run_environment) with the torch
-        threads and device, and the accelerator's name where there is one."""
+        threads and device, the precision `train.precision` resolved to there, and the accelerator's name where there
+        is one."""
         device = self.sim.server.ctx.device
         gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        return {**run_environment(), "torch_threads": torch.get_num_threads(), "device": str(device), "gpu": gpu}
+        return {**run_environment(), "torch_threads": torch.get_num_threads(), "device": str(device), "gpu": gpu,
+                "precision": resolved_precision(self.params.train.precision, device)}
 
     @property
     def server(self) -> Server:
