@@ -16,10 +16,12 @@ their total, for three rows, each run in its own process (its threads and memory
                round's first "start tesing on client" (sic) and it ends at "mean Test/AccTop1 on all clients".
   ours, step   the library's Simulation (bench/torch_harness.py) over the same setting (the harness's `official`
                setting, our own Dirichlet partition of the same data), with params.yaml's defaults: its
-               fedcache.consistency (`step`), train.executor (`vectorized`) and train.group_size. Train s is a
+               fedcache.consistency (`step`), train.executor (`vectorized`), train.group_size and train.precision
+               (`auto`: bfloat16 on a CPU with AMX, float32 elsewhere; the row names what it resolved to). Train s is a
                round as bench/executors.py times it (downloads, local training, uploads, aggregation); eval s is
                `Simulation.evaluate` of every client on its own test split, timed after it.
   ours, round  the same with `round` consistency (the executors' benchmark's FedCache).
+  ours, step, float32   where the default precision resolved to bfloat16: the default row once more in float32.
 
 Like with like: the official round includes its evaluation of every client, so the speed-up is given on the
 totals (train + eval) and on train only. Both sides train on every one of the 60,000 images (our partition
@@ -217,9 +219,10 @@ def our_defaults():
     return load_params(ROOT / "params.yaml", ["fedcache"])
 
 
-def run_ours(consistency: str, rounds: int, threads: int | None, val_holdout: float) -> dict:
-    """The library's FedCache over the harness's official setting with params.yaml's executor; per round, the
-    training round (as bench/executors.py times it) and the evaluation of every client on its test split."""
+def run_ours(consistency: str, precision: str, rounds: int, threads: int | None, val_holdout: float) -> dict:
+    """The library's FedCache over the harness's official setting with params.yaml's executor, in `precision`
+    (float32 or bfloat16); per round, the training round (as bench/executors.py times it) and the evaluation of
+    every client on its test split."""
     import numpy as np
     import torch
 
@@ -234,7 +237,7 @@ def run_ours(consistency: str, rounds: int, threads: int | None, val_holdout: fl
     if params.train.executor == "dask":
         sys.exit("params.yaml's train.executor is dask: time it with bench/executors.py --executors dask")
     setting = dict(h.SETTINGS["official"], val_holdout=val_holdout)
-    sim, part = h.build(setting, consistency, "cpu", params.train.group_size, synthetic=False)
+    sim, part = h.build(setting, consistency, "cpu", params.train.group_size, synthetic=False, precision=precision)
     # the executor the pipeline would pick for these params (it says so when it falls back to sequential)
     sim.executor = make_executor(params, h.HarnessFedCache, sim.local)
     threads = threads or params.train.threads or sim.executor.threads
@@ -252,9 +255,17 @@ def run_ours(consistency: str, rounds: int, threads: int | None, val_holdout: fl
                     "acc": float(np.mean([acc for _, acc, _ in rows]))})
         print(f"ours {consistency} round {r}: train {out[-1]['train_s']:.1f} s, eval {out[-1]['eval_s']:.1f} s",
               file=sys.stderr, flush=True)
-    return {"row": f"ours, {consistency}", "rounds": out, "threads": threads, "train_samples": part.num_train,
+    return {"row": f"ours, {consistency}, {precision}", "precision": precision, "rounds": out, "threads": threads, "train_samples": part.num_train,
             "test_samples": len(part.test_index), "setup_s": setup_s,
             "executor": type(sim.executor).__name__, "consistency": consistency}
+
+
+def ours_runs(consistency: str, precision: str) -> list[tuple[str, str]]:
+    """(consistency, precision) of our rows: the default first, in the default precision, then `round` (once if
+    the default is `round`); where the default precision is not float32, the default once more in float32, the
+    reference arithmetic."""
+    runs = [(c, precision) for c in dict.fromkeys([consistency, "round"])]
+    return runs + ([(consistency, "float32")] if precision != "float32" else [])
 
 
 # ------------------------------------------------------------------------------------------------- the table
@@ -320,12 +331,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="where the rows go (default bench/results/official-round-<cpu>.json)")
     ap.add_argument("--_run", choices=["official", "ours"], help=argparse.SUPPRESS)  # internal: one row here
     ap.add_argument("--_consistency", help=argparse.SUPPRESS)
+    ap.add_argument("--_precision", help=argparse.SUPPRESS)
     ap.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._run:
         row = (run_official(args.official_dir, args.data_dir, args.rounds, args.threads) if args._run == "official"
-               else run_ours(args._consistency, args.rounds, args.threads, args.val_holdout))
+               else run_ours(args._consistency, args._precision, args.rounds, args.threads, args.val_holdout))
         args._out.write_text(json.dumps(row))
         return
 
@@ -333,6 +345,7 @@ def main() -> None:
     from roofline import cpu_slug
 
     from pipeline.machine import cpu_description
+    from pipeline.train.precision import resolved_precision
 
     if not args.skip_official:
         if args.official_dir is None:
@@ -345,7 +358,9 @@ def main() -> None:
             sys.exit(f"no main_fedcache.py in {args.official_dir}: "
                      f"git clone https://github.com/wuzhiyuan2000/FedCache {args.official_dir}")
         fashion_mnist_dir(args.data_dir, data_sources())
-    default = our_defaults().fedcache.consistency
+    defaults = our_defaults()
+    default = defaults.fedcache.consistency
+    default_precision = resolved_precision(defaults.train.precision, "cpu")  # auto: by this CPU
     header = {"date": datetime.date.today().isoformat(), "cpu": cpu_description(),
               "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
               "setting": "the official demo: K = 20 over all 60,000 FashionMNIST images, Dirichlet alpha 1.0, "
@@ -359,10 +374,10 @@ def main() -> None:
         rows.append(in_subprocess(args, "--_run", "official", "--official-dir", str(args.official_dir.resolve()),
                                   "--data-dir", str(args.data_dir.resolve()),
                                   "--threads", str(args.threads or OFFICIAL_THREADS)))
-    for consistency in dict.fromkeys([default, "round"]):  # the default first; once if it is `round`
+    for consistency, precision in ours_runs(default, default_precision):
         extra = ["--threads", str(args.threads)] if args.threads else []
-        row = in_subprocess(args, "--_run", "ours", "--_consistency", consistency, *extra)
-        row["row"] += " (default)" if consistency == default else ""
+        row = in_subprocess(args, "--_run", "ours", "--_consistency", consistency, "--_precision", precision, *extra)
+        row["row"] += " (default)" if (consistency, precision) == (default, default_precision) else ""
         rows.append(row)
     header["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 

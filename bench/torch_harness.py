@@ -55,12 +55,13 @@ def _setting(setting: str | dict) -> dict:
     return SETTINGS[setting] if isinstance(setting, str) else setting
 
 
-def bench_params(model: str, consistency: str, group_size: int, seed: int = 0) -> SimpleNamespace:
+def bench_params(model: str, consistency: str, group_size: int, seed: int = 0,
+                 precision: str = "float32") -> SimpleNamespace:
     # rounds: params.yaml's 30; a benchmark's few timed rounds never reach the last, whose final downloads
     # belong to the run's end, not to a round
     train = SimpleNamespace(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=8, local_epochs=1,
                             eval_batch_size=512, model=model, group_size=group_size, executor="vectorized",
-                            fresh_optimizer=False, rounds=30, schedule="sync", precision="float32",
+                            fresh_optimizer=False, rounds=30, schedule="sync", precision=precision,
                             dp_noise=0.0, dp_clip=None, dp_delta=1e-5)  # no noise on uploads (params.yaml's)
     fedcache = SimpleNamespace(beta=1.5, T=3.0, consistency=consistency, cold_start="skip", encode_up="float32",
                                encode_down="float32")
@@ -137,10 +138,10 @@ def simulation(method_cls: type[Server], setting: str | dict, params, device: st
     return Simulation(method_cls, clients, ctx, SequentialExecutor()), part
 
 
-def build(setting: str | dict, consistency: str, device: str, group_size: int, synthetic: bool, seed: int = 0
-          ) -> tuple[Simulation, Partition]:
+def build(setting: str | dict, consistency: str, device: str, group_size: int, synthetic: bool, seed: int = 0,
+          precision: str = "float32") -> tuple[Simulation, Partition]:
     """FedCache over the setting."""
-    params = bench_params(_setting(setting)["model"], consistency, group_size, seed)
+    params = bench_params(_setting(setting)["model"], consistency, group_size, seed, precision)
     return simulation(HarnessFedCache, setting, params, device, synthetic, seed)
 
 

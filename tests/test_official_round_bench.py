@@ -13,6 +13,7 @@ from bench.official_round import (
     markdown,
     official_rounds,
     official_samples,
+    ours_runs,
 )
 
 
@@ -98,3 +99,9 @@ def test_the_table_sets_each_row_against_the_official_round():
                               row("ours, step (default)", [(90.0, 10.0), (70.0, 5.0)], 0.8)])
     ours = next(line for line in table.splitlines() if line.startswith("| ours"))
     assert "| **3.00x** / **4.00x** | **3.00x** / **4.00x** | 0.8000 |" in ours
+
+
+def test_our_rows_are_the_default_then_round_and_float32_where_the_default_precision_is_not():
+    assert ours_runs("step", "float32") == [("step", "float32"), ("round", "float32")]
+    assert ours_runs("step", "bfloat16") == [("step", "bfloat16"), ("round", "bfloat16"), ("step", "float32")]
+    assert ours_runs("round", "float32") == [("round", "float32")]
