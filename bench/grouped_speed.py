@@ -46,8 +46,11 @@ def separate_step(num_clients: int) -> Callable[[], int]:
     return step
 
 
-def grouped_step(num_clients: int, channels_last: bool, masked: bool = False, model: str = "resnet8") -> Callable[[], int]:
-    """One training step of `num_clients` clients in one GroupedModel; the step's `net` is that network."""
+def grouped_step(num_clients: int, channels_last: bool, masked: bool = False, model: str = "resnet8",
+                 precision: str = "float32") -> Callable[[], int]:
+    """One training step of `num_clients` clients in one GroupedModel; the step's `net` is that network.
+    bfloat16: the forward and the loss under bfloat16 autocast, as train.precision runs them (entered by each
+    step, so in whichever thread calls it: autocast is per thread)."""
     models = [build_model(model, SHAPE[0], CLASSES) for _ in range(num_clients)]
     grouped = GroupedModel(models, channels_last=channels_last).train()
     opt = GroupedSGD(grouped, LR, MOMENTUM, WEIGHT_DECAY)
@@ -58,8 +61,9 @@ def grouped_step(num_clients: int, channels_last: bool, masked: bool = False, mo
 
     def step() -> int:
         grouped.set_step(num_clients, BATCH, mask if masked else None)
-        rows = F.cross_entropy(grouped(x), y, reduction="none").view(num_clients, BATCH)
-        loss = ((rows * real).sum(1) / real.sum(1)).sum() if masked else rows.mean(1).sum()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            rows = F.cross_entropy(grouped(x), y, reduction="none").view(num_clients, BATCH)
+            loss = ((rows * real).sum(1) / real.sum(1)).sum() if masked else rows.mean(1).sum()
         opt.zero_grad()
         loss.backward()
         opt.step(num_clients)

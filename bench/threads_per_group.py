@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/threads_per_group.py                       # ResNet-8/16/20, groups of 7, 5 repeats
     .venv/bin/python bench/threads_per_group.py --models resnet20 --clients 4 --steps 10
+    .venv/bin/python bench/threads_per_group.py --precision bfloat16      # forward + loss in bfloat16 autocast
 
 The vectorized executor steps its groups (one grouped network per architecture, models/grouped.py) one after
 another, each on every torch thread (intra-op parallelism). At batch 8 a client the convolutions are small, so
@@ -38,8 +39,8 @@ class Group:
     """One grouped network of `clients` same-architecture clients and its step (bench/grouped_speed.py: random
     1 x 28 x 28 batch, cross-entropy, GroupedSGD)."""
 
-    def __init__(self, model: str, clients: int):
-        self.step = grouped_step(clients, channels_last=False, model=model)
+    def __init__(self, model: str, clients: int, precision: str = "float32"):
+        self.step = grouped_step(clients, channels_last=False, model=model, precision=precision)
         self.net = self.step.net
 
     def steps(self, n: int) -> None:
@@ -68,9 +69,9 @@ def side_by_side(groups: list[Group], steps: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(model: str, clients: int, steps: int, repeats: int) -> dict:
+def measure(model: str, clients: int, steps: int, repeats: int, precision: str = "float32") -> dict:
     torch.manual_seed(0)
-    groups = [Group(model, clients), Group(model, clients)]
+    groups = [Group(model, clients, precision), Group(model, clients, precision)]
     for way in (in_turn, side_by_side):
         way(groups, 2)  # warm-up: allocations, oneDNN primitives for this thread count
     best = {"in_turn": float("inf"), "side_by_side": float("inf")}
@@ -78,7 +79,7 @@ def measure(model: str, clients: int, steps: int, repeats: int) -> dict:
         best["in_turn"] = min(best["in_turn"], in_turn(groups, steps))
         best["side_by_side"] = min(best["side_by_side"], side_by_side(groups, steps))
     samples = 2 * clients * BATCH * steps
-    return {"model": model, "clients": clients, "steps": steps, "repeats": repeats,
+    return {"model": model, "clients": clients, "steps": steps, "repeats": repeats, "precision": precision,
             "in_turn": samples / best["in_turn"], "side_by_side": samples / best["side_by_side"],
             "ratio": best["in_turn"] / best["side_by_side"]}
 
@@ -89,15 +90,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--clients", type=int, default=7, help="clients in each of the two groups (the demo's: 6-7)")
     ap.add_argument("--steps", type=int, default=20, help="steps of each group per timed repeat")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats, the best kept")
+    ap.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                    help="the forward and loss's arithmetic (train.precision; bfloat16 pays on a CPU with AMX)")
     args = ap.parse_args(argv)
     threads_before = torch.get_num_threads()
     rows = []
     try:
-        print(f"two groups of {args.clients} clients, batch {BATCH}, {args.steps} steps each, best of {args.repeats}")
+        print(f"two groups of {args.clients} clients, batch {BATCH}, {args.steps} steps each, best of {args.repeats}, "
+              f"{args.precision}")
         print("| model | in turn, 2 torch threads | side by side, 1 thread each | side by side / in turn |")
         print("|---|---:|---:|---:|")
         for model in args.models:
-            row = measure(model, args.clients, args.steps, args.repeats)
+            row = measure(model, args.clients, args.steps, args.repeats, args.precision)
             rows.append(row)
             print(f"| {model} | {row['in_turn']:.0f} samples/s | {row['side_by_side']:.0f} samples/s | "
                   f"{row['ratio']:.2f}x |", flush=True)

@@ -35,3 +35,24 @@ def test_the_row_is_the_measured_rates_and_the_thread_count_is_restored(capsys):
     assert row["ratio"] == pytest.approx(row["side_by_side"] / row["in_turn"])
     assert f"| resnet8 | {row['in_turn']:.0f} samples/s | {row['side_by_side']:.0f} samples/s | {row['ratio']:.2f}x |" \
         in capsys.readouterr().out
+
+
+def test_bfloat16_runs_each_forward_in_bfloat16_in_either_way():
+    """autocast is per thread: the side-by-side threads enter it themselves, in each step."""
+    seen = set()
+
+    def hook(module, inputs, output):
+        if "Conv" in type(module).__name__:
+            seen.add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    threads = torch.get_num_threads()
+    try:
+        groups = [bench.Group("resnet8", 2, "bfloat16"), bench.Group("resnet8", 2, "bfloat16")]
+        for way in (bench.in_turn, bench.side_by_side):
+            seen.clear()
+            way(groups, 1)
+            assert seen == {torch.bfloat16}, way.__name__
+    finally:
+        handle.remove()
+        torch.set_num_threads(threads)
