@@ -51,7 +51,8 @@ def scaling_section(results: list[dict]) -> str:
         groups = f" (groups of up to {head['group_size']})" if head["executor"] == "vectorized" else ""
         parts += [f"### {head['cpu']}", "",
                   f"{head['data']}, {head['samples_per_client']} samples per client (Dirichlet 1.0); "
-                  f"{head['threads']} torch threads, batch {head['batch']}, executor {head['executor']}{groups}; "
+                  f"{head['threads']} torch threads, batch {head['batch']}, float32 (the harness's; not train.precision's "
+                  f"auto), executor {head['executor']}{groups}; "
                   f"{head['rounds']} timed round(s), the last reported; measured {head['date']} with "
                   f"`{head['command']}`.", "",
                   scaling.table(result["rows"], with_eval=any(r.get("eval_s") is not None for r in result["rows"])), "",
