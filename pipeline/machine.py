@@ -14,10 +14,9 @@ def cpu_description() -> str:
     """E.g. "AMD EPYC (family 25, model 1; AVX2, no AVX-512), 2 CPUs": the model name, the family and model
     numbers that tell one generation from another where the name does not, and the vector extensions the
     speed and float results depend on."""
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
-        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     fields = cpuinfo_fields()
+    if not fields:  # no /proc/cpuinfo
+        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     flags = cpu_flags()
     vector = ("AVX-512" + (" with BF16" if "avx512_bf16" in flags else "") if "avx512f" in flags
               else "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
