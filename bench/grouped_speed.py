@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ def grouped_step(num_clients: int, channels_last: bool, masked: bool = False, mo
 
     def step() -> int:
         grouped.set_step(num_clients, BATCH, mask if masked else None)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bfloat16" else nullcontext():
             rows = F.cross_entropy(grouped(x), y, reduction="none").view(num_clients, BATCH)
             loss = ((rows * real).sum(1) / real.sum(1)).sum() if masked else rows.mean(1).sum()
         opt.zero_grad()

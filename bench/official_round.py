@@ -255,7 +255,8 @@ def run_ours(consistency: str, precision: str, rounds: int, threads: int | None,
                     "acc": float(np.mean([acc for _, acc, _ in rows]))})
         print(f"ours {consistency} round {r}: train {out[-1]['train_s']:.1f} s, eval {out[-1]['eval_s']:.1f} s",
               file=sys.stderr, flush=True)
-    return {"row": f"ours, {consistency}, {precision}", "precision": precision, "rounds": out, "threads": threads, "train_samples": part.num_train,
+    return {"row": f"ours, {consistency}, {precision}", "precision": precision, "rounds": out, "threads": threads,
+            "train_samples": part.num_train,
             "test_samples": len(part.test_index), "setup_s": setup_s,
             "executor": type(sim.executor).__name__, "consistency": consistency}
 
