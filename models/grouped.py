@@ -38,8 +38,8 @@ from torch import nn
 from models.multiexit import Block, BottleneckExit, FinalExit, MultiExitResNet
 from models.resnet import BasicBlock, ResNet
 
-# bench/grouped_speed.py on 2 CPU cores (ResNet-8, 20 or 60 clients): channels_last and NCHW
-# were within noise of each other (+-5%, neither consistently ahead), so the plain layout it is.
+# NCHW unless a caller asks: the vectorized executor trains in NHWC, where it measured faster, and evaluates in
+# NCHW, where NHWC measured slower (pipeline/train/executors.py, TRAIN_CHANNELS_LAST).
 DEFAULT_CHANNELS_LAST = False
 
 # Modules whose forward only applies channel-wise operations (or calls children), so it runs
@@ -71,8 +71,14 @@ def _rows_to_maps(x: torch.Tensor, A: int, B: int, channels_last: bool) -> torch
     _, c, h, w = x.shape
     x = x.reshape(A, B, c, h, w)
     if channels_last:
-        # [B, H, W, A, C] in memory is exactly the NHWC storage of [B, A*C, H, W]: one copy
-        return x.permute(1, 3, 4, 0, 2).reshape(B, h, w, A * c).permute(0, 3, 1, 2)
+        # [B, H, W, A, C] in memory is exactly the NHWC storage of [B, A*C, H, W]: one copy. With one channel a
+        # client the reshape is a view instead, whose strides are not NHWC, and every convolution after it would
+        # run NCHW: copied then. Not by .contiguous(channels_last): with one channel in all (one client) it keeps
+        # the NCHW strides, which count as NHWC too, and the convolutions still pick NCHW.
+        maps = x.permute(1, 3, 4, 0, 2).reshape(B, h, w, A * c).permute(0, 3, 1, 2)
+        if maps.stride(1) != 1:
+            maps = torch.empty_like(maps, memory_format=torch.channels_last).copy_(maps)
+        return maps
     return x.transpose(0, 1).reshape(B, A * c, h, w)
 
 

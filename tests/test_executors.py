@@ -10,6 +10,7 @@ for bit.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
@@ -19,6 +20,7 @@ from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
 from conftest import make_workspace, tiny_params_raw, with_section
+from test_grouped import layout
 
 
 def _trainer(params, part, mnist, algorithm: str, executor: str, hetero: bool = False) -> Trainer:
@@ -109,3 +111,26 @@ def test_grouped_evaluation_equals_one_client_after_another(mnist, float64):
         assert grouped[c.id].n == n
         assert grouped[c.id].acc["acc"] == pytest.approx(acc, nan_ok=True), c.id
     assert any(0 < grouped[c.id].acc["acc"] < 1 for c in clients)  # not all trivially 0 or 1
+
+
+def test_the_vectorized_executor_trains_in_nhwc_and_evaluates_in_nchw(tiny_workspace, mnist):
+    """pipeline/train/executors.py's TRAIN_CHANNELS_LAST: the layout that measured faster for each (the same
+    arithmetic either way; the conformance suite checks the results)."""
+    from pipeline.train.executors import TRAIN_CHANNELS_LAST
+
+    seen: dict[str, set[str]] = {"train": set(), "eval": set()}
+
+    def hook(module, inputs):
+        if "Conv" in type(module).__name__ and type(module).__module__ == "models.grouped":
+            seen["train" if torch.is_grad_enabled() else "eval"].add(layout(inputs[0]))
+
+    _, params, part = tiny_workspace
+    trainer = _trainer(params, part, mnist, "fedcache", "vectorized")
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        _train(trainer, rounds=1)
+    finally:
+        handle.remove()
+    assert TRAIN_CHANNELS_LAST
+    # evaluation's first convolution reads a strided view of the one-channel images (neither layout)
+    assert seen["train"] == {"NHWC"} and "NCHW" in seen["eval"] and "NHWC" not in seen["eval"]

@@ -298,3 +298,44 @@ def test_supports_and_refusals():
         grouped(torch.randn(5, 1, 28, 28))
     with pytest.raises(ValueError, match="mask"):
         grouped.set_step(2, 3, torch.ones(2, 4, dtype=torch.bool))
+
+
+def layout(t: torch.Tensor) -> str:
+    """"NHWC", "NCHW" or "other". By the channel stride too: with one channel both contiguity checks hold."""
+    if t.is_contiguous(memory_format=torch.channels_last) and t.stride(1) == 1:
+        return "NHWC"
+    return "NCHW" if t.is_contiguous() else "other"
+
+
+def _conv_input_layouts(grouped: GroupedModel, x: torch.Tensor) -> set[str]:
+    """The memory layout of every convolution's input during one forward ("NHWC", "NCHW" or "other")."""
+    seen: set[str] = set()
+
+    def hook(module, inputs):
+        if "Conv" in type(module).__name__:
+            t = inputs[0]
+            seen.add(layout(t))
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        grouped(x)
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["resnet8", "resnet16"])  # one channel a client, three
+@pytest.mark.parametrize("active", [3, 1])  # one active client: one channel in all, for resnet8
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_channels_last_reaches_every_convolution_whatever_the_channels(kind, active, channels_last):
+    """With one channel a client the rows-to-maps reshape is a view that is not NHWC, and with one channel in all
+    NCHW strides count as NHWC: the switch must still give every convolution NHWC input (else they silently run
+    NCHW), and without it none runs NHWC."""
+    models, _ = make_clients(kind, 3)
+    grouped = GroupedModel(models, channels_last=channels_last).train()
+    grouped.set_step(active, 4, None)
+    layouts = _conv_input_layouts(grouped, torch.randn(active * 4, *KINDS[kind][1]))
+    if channels_last:
+        assert layouts == {"NHWC"}
+    else:
+        assert "NHWC" not in layouts
