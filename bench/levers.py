@@ -22,15 +22,13 @@ Equivalence), so a small nonzero difference there is reordering, not an effect.
 
 The levers, each applied from this script, none of them by editing the library:
 
-  channels_last  the grouped network's internal activations in NHWC: GroupedModel's own `channels_last` switch,
-                 plus one copy of its input into NHWC storage. The switch alone does nothing for one-channel
-                 images (FashionMNIST): models/grouped.py's `_rows_to_maps` expects its reshape to copy, but with
-                 one channel per client the reshape merges two dimensions into a view whose strides are not NHWC,
-                 so every convolution after it runs NCHW (bench/grouped_speed.py compared NCHW with that, on
-                 one-channel inputs). With the copy every convolution and BatchNorm output is NHWC, in the masked
-                 BatchNorm path and in evaluation too. The stacked conv weights stay NCHW (oneDNN takes NHWC
-                 activations with them): the per-client views (`client_view`, GroupedSGD) need contiguous
-                 stacks, so NHWC weights would need those views rewritten.
+  channels_last  the grouped network's memory layout. The library trains in NHWC and evaluates in NCHW
+                 (pipeline/train/executors.py, TRAIN_CHANNELS_LAST, since bffdbe6); the rows: NCHW training (the
+                 default before), and NHWC evaluation too. Files measured before bffdbe6 hold one row instead,
+                 NHWC throughout against an NCHW baseline (with a copy of the input into NHWC storage that the
+                 library lacked then: its switch did nothing for one-channel images). The stacked conv weights
+                 stay NCHW (oneDNN takes NHWC activations with them): the per-client views (`client_view`,
+                 GroupedSGD) need contiguous stacks, so NHWC weights would need those views rewritten.
   group_size     8 and 16 (the baseline's 32 holds all 20 clients in one group).
   compile        torch.compile (inductor, default mode) of GroupedModel.forward: the grouped forward and, through
                  AOTAutograd, its backward. The loss and the per-step exchange stay eager (the exchange is a Python
@@ -89,9 +87,10 @@ class Variant:
     """One run's knobs; the defaults are the baseline (params.yaml's choices)."""
 
     lever: str = "baseline"
-    setting: str = "params.yaml: group 32, NCHW, eager, eval batch 512 under inference_mode, float32"
+    setting: str = ("params.yaml: group 32, NHWC training and NCHW evaluation, eager, eval batch 512 under "
+                    "inference_mode, float32")
     group_size: int = 32
-    channels_last: bool = False
+    layout: str = "library"  # library (NHWC training, NCHW evaluation) | nchw (throughout) | nhwc (throughout)
     compile: bool = False
     eval_grad: str = "inference_mode"  # inference_mode (the library's) | no_grad
     eval_batch: int = 512
@@ -102,8 +101,9 @@ class Variant:
 
 BASELINE = Variant()
 VARIANTS: dict[str, list[Variant]] = {
-    "channels_last": [replace(BASELINE, lever="channels_last", setting="NHWC activations (input copied to NHWC)",
-                                channels_last=True)],
+    "channels_last": [replace(BASELINE, lever="channels_last", setting="NCHW training (the default before bffdbe6)",
+                              layout="nchw"),
+                      replace(BASELINE, lever="channels_last", setting="NHWC evaluation too", layout="nhwc")],
     "group_size": [replace(BASELINE, lever="group_size", setting=f"{g} (groups of {g})", group_size=g)
                    for g in (8, 16)],
     "compile": [replace(BASELINE, lever="compile", setting="inductor, GroupedModel.forward", compile=True)],
@@ -142,19 +142,15 @@ def apply_levers(v: Variant) -> None:
     from models import grouped
     from pipeline.train import executors
 
-    if v.channels_last:
-        build, to_maps = grouped.GroupedModel.__init__, grouped._rows_to_maps
+    if v.layout == "nchw":
+        executors.TRAIN_CHANNELS_LAST = False  # read by each round's grouped training
+    elif v.layout == "nhwc":
+        build = grouped.GroupedModel.__init__
 
-        def channels_last_init(self, models, channels_last=True):
+        def channels_last_init(self, models, channels_last=True):  # evaluation's grouped networks too
             build(self, models, channels_last)
 
-        def nhwc_maps(x, A, B, channels_last):
-            # the library's layout for one-channel images is a view that is not NHWC (module docstring): copied
-            maps = to_maps(x, A, B, channels_last)
-            return maps.contiguous(memory_format=torch.channels_last) if channels_last else maps
-
         grouped.GroupedModel.__init__ = channels_last_init
-        grouped._rows_to_maps = nhwc_maps
     if v.compile:
         grouped.GroupedModel.forward = torch.compile(grouped.GroupedModel.forward)
     if v.eval_grad == "no_grad":
@@ -410,10 +406,12 @@ def table(result: dict) -> str:
 
 
 WHAT_EACH_DOES = {  # for the docs section: what a lever changes (this module's docstring has the details)
-    "channels_last": ("the grouped network's activations in NHWC: GroupedModel's `channels_last` switch, plus a copy "
-                      "of its input into NHWC storage, without which the switch does nothing for one-channel images "
-                      "(models/grouped.py's `_rows_to_maps` then returns a view that is not NHWC); the stacked conv "
-                      "weights stay NCHW, since the per-client views of the stacks need them contiguous"),
+    "channels_last": ("the grouped network's memory layout; the library trains in NHWC and evaluates in NCHW since "
+                      "bffdbe6, and the rows measured after it run NCHW training (the default before) or NHWC "
+                      "evaluation too; files measured before it hold one row, NHWC throughout against an NCHW "
+                      "baseline (the input copied into NHWC storage, which the library's switch did not do then for "
+                      "one-channel images); the stacked conv weights stay NCHW, since the per-client views of the "
+                      "stacks need them contiguous"),
     "group_size": "8 or 16 clients per grouped network instead of 32 (all 20 in one)",
     "compile": ("torch.compile (inductor) of the grouped forward and its backward; the loss and the per-step exchange "
                 "stay eager; compile s is dynamo's total, and each new step shape compiles again"),

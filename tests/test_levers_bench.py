@@ -125,14 +125,16 @@ def test_one_tiny_lever_run_end_to_end(tmp_path, repo_root):
                           "--eval-rows", "8", "--json", str(out)], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "| baseline | params.yaml: group 32," in run.stdout
-    assert "| channels_last | NHWC activations (input copied to NHWC) |" in run.stdout
+    assert "| channels_last | NCHW training (the default before bffdbe6) |" in run.stdout
+    assert "| channels_last | NHWC evaluation too |" in run.stdout
 
     saved = json.loads(out.read_text())
     assert "smoke K = 4 x 80 synthetic samples" in saved["header"]["setting"]
     assert saved["absent"] == [] and saved["startup"] == []
-    base, nhwc = saved["rows"]
-    assert (base["lever"], nhwc["lever"], nhwc["channels_last"]) == ("baseline", "channels_last", True)
-    for r in (base, nhwc):
+    base, nchw, nhwc = saved["rows"]
+    assert [(r["lever"], r["layout"]) for r in saved["rows"]] == [
+        ("baseline", "library"), ("channels_last", "nchw"), ("channels_last", "nhwc")]
+    for r in (base, nchw, nhwc):
         assert r["threads"] == 1 and r["clients"] == 4 and len(r["round_s"]) == len(r["eval_s"]) == 1
         assert len(r["acc"]) == 4 and all(0 <= a <= 1 for a in r["acc"])
     assert nhwc["n"] == base["n"]  # the same partition and test rows: the accuracies pair by client

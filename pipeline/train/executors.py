@@ -45,10 +45,8 @@ from pipeline.progress import BarFactory, no_bar
 from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
 # The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last), its
-# evaluation in NCHW. Same arithmetic, another summation order. Measured side by side on 2-core CPUs
-# (bench/levers.py, docs/executors.md): NHWC trained faster on both CPU kinds (Intel Xeon with AMX 1.33x a round,
-# AMD EPYC 1.18x, float32) and evaluated slower on both (0.84x), and in bfloat16 on the Intel Xeon a demo-sized step
-# (7 clients, ResNet-8/16/20) took 1.19-1.29x less time.
+# evaluation in NCHW: the same arithmetic in another summation order. Measured side by side on 2-core CPUs
+# (bench/levers.py, docs/executors.md): NHWC trained faster on both CPU kinds and evaluated slower on both.
 TRAIN_CHANNELS_LAST = True
 
 Exchange = Callable[[int, dict[int, Payload]], dict[int, Payload]]
