@@ -14,8 +14,8 @@ thread on 1 torch thread (inter-op). This times both on the same two groups of `
   side by side, 1 thread each    both groups' steps at once in two Python threads, torch.set_num_threads(1)
 
 Repeats are interleaved and the best kept (other work only ever slows a repeat down); printed: samples/s of
-each and their ratio. Model compute only: no data loading, no exchange (FedCache's `step` consistency would
-also need each step's exchanges put in one order across the threads). Run it on an idle machine.
+each and their ratio. Model compute only: no data loading, no exchange. The vectorized executor does the second
+where its groups run in lockstep (train.side_by_side, pipeline/train/lanes.py). Run it on an idle machine.
 """
 
 from __future__ import annotations

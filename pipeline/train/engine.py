@@ -308,7 +308,7 @@ def make_executor(params: Params, method_cls: type[Server], local: LocalUpdate,
         from pipeline.train.dask_executor import DaskExecutor  # Prefect and Dask only when asked for
 
         return DaskExecutor(params.train.dask_address, params.train.dask_workers)
-    return VectorizedExecutor(params.train.group_size)
+    return VectorizedExecutor(params.train.group_size, params.train.side_by_side)
 
 
 def upload_noise(params: Params, name: str) -> UploadNoise | None:

@@ -42,6 +42,7 @@ from pipeline.federation.contract import Evaluation, LocalUpdate, Phase, Step, U
 from pipeline.federation.clients import Client, phase_batches
 from pipeline.federation.ledger import Payload
 from pipeline.progress import BarFactory, no_bar
+from pipeline.train.lanes import lockstep, serialized
 from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
 # The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last), its
@@ -194,8 +195,17 @@ class GroupRun:
         self.num_steps = torch.tensor([len(b) for b in per_client])
         return S
 
+    def active(self, s: int) -> int:
+        """How many clients take step s (they are the first ones)."""
+        return int((self.num_steps > s).sum())
+
+    def cost(self) -> int:
+        """One client's step's work, for balancing lanes (pipeline/train/lanes.py): its parameter count, about in
+        proportion to its FLOPs for models of one family."""
+        return sum(p.numel() for p in self.clients[0].model.parameters())
+
     def step(self, s: int) -> None:
-        A = int((self.num_steps > s).sum())
+        A = self.active(s)
         if A == 0:
             return
         sizes = self.sizes[:A, s]
@@ -292,8 +302,9 @@ class VectorizedExecutor:
 
     bars: BarFactory = staticmethod(no_bar)  # a bar over the round's clients (the engine's caller sets one)
 
-    def __init__(self, group_size: int):
+    def __init__(self, group_size: int, side_by_side: bool = True):
         self.group_size = group_size
+        self.side_by_side = side_by_side  # train.side_by_side: lockstep groups in lanes (pipeline/train/lanes.py)
 
     def groups(self, clients: list[Client]) -> list[list[Client]]:
         """Clients by architecture, similar sizes together (fewer idle slots), chunked to group_size."""
@@ -321,18 +332,21 @@ class VectorizedExecutor:
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}
         groups = self.groups(clients)
         finished: dict[int, tuple] = {}
-        # A per-step exchange must see every group's step s before any group's step s+1 (lockstep);
-        # otherwise a group trains its whole round alone, so only one grouped network is alive at a time.
+        # A per-step exchange must see every group's step s before any group's step s+1 (lockstep), and the
+        # groups of a step may run side by side (lanes); otherwise a group trains its whole round alone, so only
+        # one grouped network is alive at a time.
         batches = [groups] if local.uses_exchange else [[g] for g in groups]
         with self.bars(len(clients), "client") as progress:  # a group's clients are done when its last step is
             for together in batches:
-                runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, exchange) for g in together]
+                lanes = min(len(together), torch.get_num_threads()) if self.side_by_side else 1
+                shared = serialized(exchange) if lanes > 1 else exchange
+                runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, shared) for g in together]
                 for phase in local.phases(round_):
                     steps = max(run.plan(phase) for run in runs)
-                    for s in range(steps):
-                        for run in runs:
-                            run.step(s)
-                        hook.end_step()
+                    with lockstep(lanes) as step:
+                        for s in range(steps):
+                            step(runs, s)
+                            hook.end_step()
                 for run in runs:
                     finished.update(run.finish())
                     progress.update(len(run.clients))
