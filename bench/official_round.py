@@ -16,12 +16,15 @@ their total, for three rows, each run in its own process (its threads and memory
                round's first "start tesing on client" (sic) and it ends at "mean Test/AccTop1 on all clients".
   ours, step   the library's Simulation (bench/torch_harness.py) over the same setting (the harness's `official`
                setting, our own Dirichlet partition of the same data), with params.yaml's defaults: its
-               fedcache.consistency (`step`), train.executor (`vectorized`), train.group_size and train.precision
-               (`auto`: bfloat16 on a CPU with AMX, float32 elsewhere; the row names what it resolved to). Train s is a
-               round as bench/executors.py times it (downloads, local training, uploads, aggregation); eval s is
-               `Simulation.evaluate` of every client on its own test split, timed after it.
+               fedcache.consistency (`step`), train.executor (`vectorized`), train.group_size, train.side_by_side
+               and train.precision (`auto`: bfloat16 on a CPU with AMX, float32 elsewhere; the row names what it
+               resolved to). Train s is a round as bench/executors.py times it (downloads, local training,
+               uploads, aggregation); eval s is `Simulation.evaluate` of every client on its own test split, timed
+               after it.
   ours, round  the same with `round` consistency (the executors' benchmark's FedCache).
   ours, step, float32   where the default precision resolved to bfloat16: the default row once more in float32.
+  ours, step, ..., groups in turn   where the default steps its groups side by side (train.side_by_side, in lanes
+               of one core each: pipeline/train/lanes.py): the default row once more with them one after another.
 
 Like with like: the official round includes its evaluation of every client, so the speed-up is given on the
 totals (train + eval) and on train only. Both sides train on every one of the 60,000 images (our partition
@@ -219,10 +222,11 @@ def our_defaults():
     return load_params(ROOT / "params.yaml", ["fedcache"])
 
 
-def run_ours(consistency: str, precision: str, rounds: int, threads: int | None, val_holdout: float) -> dict:
+def run_ours(consistency: str, precision: str, rounds: int, threads: int | None, val_holdout: float,
+             in_turn: bool = False) -> dict:
     """The library's FedCache over the harness's official setting with params.yaml's executor, in `precision`
     (float32 or bfloat16); per round, the training round (as bench/executors.py times it) and the evaluation of
-    every client on its test split."""
+    every client on its test split. in_turn: train.side_by_side off (lockstep groups one after another)."""
     import numpy as np
     import torch
 
@@ -234,6 +238,8 @@ def run_ours(consistency: str, precision: str, rounds: int, threads: int | None,
     start = time.perf_counter()
     params = our_defaults()
     params = params.model_copy(update={"fedcache": params.fedcache.model_copy(update={"consistency": consistency})})
+    if in_turn:
+        params = params.model_copy(update={"train": params.train.model_copy(update={"side_by_side": False})})
     if params.train.executor == "dask":
         sys.exit("params.yaml's train.executor is dask: time it with bench/executors.py --executors dask")
     setting = dict(h.SETTINGS["official"], val_holdout=val_holdout)
@@ -255,18 +261,21 @@ def run_ours(consistency: str, precision: str, rounds: int, threads: int | None,
                     "acc": float(np.mean([acc for _, acc, _ in rows]))})
         print(f"ours {consistency} round {r}: train {out[-1]['train_s']:.1f} s, eval {out[-1]['eval_s']:.1f} s",
               file=sys.stderr, flush=True)
-    return {"row": f"ours, {consistency}, {precision}", "precision": precision, "rounds": out, "threads": threads,
+    return {"row": f"ours, {consistency}, {precision}" + (", groups in turn" if in_turn else ""),
+            "precision": precision, "rounds": out, "threads": threads,
             "train_samples": part.num_train,
             "test_samples": len(part.test_index), "setup_s": setup_s,
             "executor": type(sim.executor).__name__, "consistency": consistency}
 
 
-def ours_runs(consistency: str, precision: str) -> list[tuple[str, str]]:
-    """(consistency, precision) of our rows: the default first, in the default precision, then `round` (once if
-    the default is `round`); where the default precision is not float32, the default once more in float32, the
-    reference arithmetic."""
-    runs = [(c, precision) for c in dict.fromkeys([consistency, "round"])]
-    return runs + ([(consistency, "float32")] if precision != "float32" else [])
+def ours_runs(consistency: str, precision: str, side_by_side: bool) -> list[tuple[str, str, bool]]:
+    """(consistency, precision, in turn) of our rows: the default first, in the default precision, then `round`
+    (once if the default is `round`); where the default precision is not float32, the default once more in
+    float32, the reference arithmetic; where the default steps its groups side by side (train.side_by_side, `step`
+    consistency), the default once more with its groups in turn."""
+    runs = [(c, precision, False) for c in dict.fromkeys([consistency, "round"])]
+    runs += [(consistency, "float32", False)] if precision != "float32" else []
+    return runs + ([(consistency, precision, True)] if side_by_side and consistency == "step" else [])
 
 
 # ------------------------------------------------------------------------------------------------- the table
@@ -333,12 +342,14 @@ def main() -> None:
     ap.add_argument("--_run", choices=["official", "ours"], help=argparse.SUPPRESS)  # internal: one row here
     ap.add_argument("--_consistency", help=argparse.SUPPRESS)
     ap.add_argument("--_precision", help=argparse.SUPPRESS)
+    ap.add_argument("--_in_turn", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._run:
         row = (run_official(args.official_dir, args.data_dir, args.rounds, args.threads) if args._run == "official"
-               else run_ours(args._consistency, args._precision, args.rounds, args.threads, args.val_holdout))
+               else run_ours(args._consistency, args._precision, args.rounds, args.threads, args.val_holdout,
+                             args._in_turn))
         args._out.write_text(json.dumps(row))
         return
 
@@ -375,10 +386,11 @@ def main() -> None:
         rows.append(in_subprocess(args, "--_run", "official", "--official-dir", str(args.official_dir.resolve()),
                                   "--data-dir", str(args.data_dir.resolve()),
                                   "--threads", str(args.threads or OFFICIAL_THREADS)))
-    for consistency, precision in ours_runs(default, default_precision):
+    for consistency, precision, in_turn in ours_runs(default, default_precision, defaults.train.side_by_side):
         extra = ["--threads", str(args.threads)] if args.threads else []
+        extra += ["--_in_turn"] if in_turn else []
         row = in_subprocess(args, "--_run", "ours", "--_consistency", consistency, "--_precision", precision, *extra)
-        row["row"] += " (default)" if (consistency, precision) == (default, default_precision) else ""
+        row["row"] += " (default)" if (consistency, precision, in_turn) == (default, default_precision, False) else ""
         rows.append(row)
     header["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
