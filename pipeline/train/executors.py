@@ -338,7 +338,9 @@ class VectorizedExecutor:
         batches = [groups] if local.uses_exchange else [[g] for g in groups]
         with self.bars(len(clients), "client") as progress:  # a group's clients are done when its last step is
             for together in batches:
-                lanes = min(len(together), torch.get_num_threads()) if self.side_by_side else 1
+                # as many lanes as torch threads, on the CPU only (on a GPU the groups share one device: unmeasured)
+                on_cpu = together[0][0].x_train.device.type == "cpu"
+                lanes = min(len(together), torch.get_num_threads()) if self.side_by_side and on_cpu else 1
                 shared = serialized(exchange) if lanes > 1 else exchange
                 runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, shared) for g in together]
                 for phase in local.phases(round_):
