@@ -167,6 +167,7 @@ class GroupRun:
         self.clients = [clients[i] for i in order]
         self.targets = [targets[i] for i in order]
         self.model = GroupedModel([c.model for c in self.clients], channels_last=TRAIN_CHANNELS_LAST)
+        self._client_cost = sum(p.numel() for p in self.clients[0].model.parameters())
         self.model.load_from([c.model for c in self.clients], [c.optimizer for c in self.clients])
         self.opt = GroupedSGD(self.model, t.lr, t.momentum, t.weight_decay)
         # every client's samples in one table, plus one padding row at the end
@@ -202,7 +203,7 @@ class GroupRun:
     def cost(self) -> int:
         """One client's step's work, for balancing lanes (pipeline/train/lanes.py): its parameter count, about in
         proportion to its FLOPs for models of one family."""
-        return sum(p.numel() for p in self.clients[0].model.parameters())
+        return self._client_cost
 
     def step(self, s: int) -> None:
         A = self.active(s)

@@ -58,12 +58,16 @@ def serialized(call: Callable) -> Callable:
 @contextmanager
 def lockstep(lanes: int) -> Iterator[Callable[[Sequence[Steppable], int], None]]:
     """step(groups, s): every group's step s, on `lanes` worker threads when more than one group takes it."""
-    threads = torch.get_num_threads()
-    pool = ThreadPoolExecutor(lanes, thread_name_prefix="lane", initializer=torch.set_num_threads, initargs=(1,))
 
-    def run_lane(lane: list[Steppable], s: int) -> None:
+    def run_lane(lane: Sequence[Steppable], s: int) -> None:
         for group in lane:
             group.step(s)
+
+    if lanes == 1:  # in turn on this thread: no pool, no split
+        yield run_lane
+        return
+    threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(lanes, thread_name_prefix="lane", initializer=torch.set_num_threads, initargs=(1,))
 
     def step(groups: Sequence[Steppable], s: int) -> None:
         work = split(groups, s, lanes)
