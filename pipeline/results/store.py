@@ -203,37 +203,43 @@ def remove_db(path: str | Path) -> None:
     path.with_name(path.name + ".wal").unlink(missing_ok=True)
 
 
-def _columns(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, set[str]]:
-    rows = con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ? "
+def _catalog(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, dict[str, str]]:
+    """Each table of the catalog's main schema: its columns and their types."""
+    rows = con.execute("SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = ? "
                        "AND schema_name = 'main'", [catalog]).fetchall()
-    out: dict[str, set[str]] = {}
-    for table, column in rows:
-        out.setdefault(table, set()).add(column)
+    out: dict[str, dict[str, str]] = {}
+    for table, column, type_ in rows:
+        out.setdefault(table, {})[column] = type_
     return out
 
 
+def _columns(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, set[str]]:
+    return {table: set(columns) for table, columns in _catalog(con, catalog).items()}
+
+
 @functools.cache
-def _current_schema() -> dict[str, set[str]]:
-    """Each table's columns as RUN_SCHEMA makes them (built once, in a scratch database of the host)."""
+def _schema_types() -> dict[str, dict[str, str]]:
+    """Each table's columns and types as INDEX_SCHEMA (RUN_SCHEMA and the index's own tables) makes them, built once
+    in a scratch database of the host: what insert_rows casts to, without asking the catalog each time."""
     with host_cursor() as con:
         con.execute("ATTACH ':memory:' AS schema_probe")
         con.execute("USE schema_probe")
-        con.execute(RUN_SCHEMA)
-        columns = _columns(con, "schema_probe")
+        con.execute(INDEX_SCHEMA)
+        types = _catalog(con, "schema_probe")
         con.execute("USE memory")
         con.execute("DETACH schema_probe")
-    return columns
+    return types
 
 
-def _has_current_schema(con: duckdb.DuckDBPyConnection, catalog: str) -> bool:
-    """Whether the catalog has every table and column of RUN_SCHEMA: then running it (3.5 ms) changes nothing."""
-    have = _columns(con, catalog)
-    return all(columns <= have.get(table, set()) for table, columns in _current_schema().items())
+def _has_current_schema(have: dict[str, set[str]]) -> bool:
+    """Whether a catalog with these columns has every table and column of RUN_SCHEMA: then running it (3.5 ms)
+    changes nothing."""
+    return all(set(_schema_types()[table]) <= have.get(table, set()) for table in TABLES)
 
 
-def _check_tables(con: duckdb.DuckDBPyConnection, catalog: str) -> str | None:
-    """Why the catalog's results tables are not ours (a missing table is fine: nothing written yet)."""
-    have = _columns(con, catalog)
+def _check_tables(have: dict[str, set[str]]) -> str | None:
+    """Why a catalog with these columns does not hold our results tables (a missing table is fine: nothing written
+    yet)."""
     for table, needed in REQUIRED.items():
         missing = needed - have.get(table, needed)
         if missing:
@@ -275,7 +281,7 @@ def attach(con: duckdb.DuckDBPyConnection, path: str | Path, alias: str, timeout
     if not _attach_when_free(con, path, alias, "READ_ONLY", timeout_s, poll_s):
         return False
     try:
-        problem = _check_tables(con, alias)
+        problem = _check_tables(_columns(con, alias))
     except duckdb.Error as err:
         problem = _first_line(err)
     if problem:
@@ -290,8 +296,10 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: tuple[str, 
     INSERT a row, about 1 ms each: a paper-scale round's 900 rows took most of a second."""
     if not rows:
         return
-    types = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = "
-                             "current_database() AND schema_name = 'main' AND table_name = ?", [table]).fetchall())
+    types = _schema_types().get(table, {})
+    if not set(columns) <= set(types):  # not one of our tables: ask the catalog
+        types = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = "
+                                 "current_database() AND schema_name = 'main' AND table_name = ?", [table]).fetchall())
     select = ", ".join(f"unnest(?::{types[c]}[])" for c in columns)
     # a list parameter takes Python values only: numpy scalars become their Python equivalents
     lists = [[v.item() if isinstance(v, np.generic) else v for v in col] for col in zip(*rows)]
@@ -338,9 +346,11 @@ class ResultsDB:
         try:
             con.execute(f"USE {alias}")
             try:
-                if not read_only and not _has_current_schema(con, alias):
+                have = _columns(con, alias)  # one catalog query serves both checks when nothing is added
+                if not read_only and not _has_current_schema(have):
                     con.execute(RUN_SCHEMA)
-                problem = _check_tables(con, alias)
+                    have = _columns(con, alias)
+                problem = _check_tables(have)
             except duckdb.Error as err:
                 problem = _first_line(err)
             if problem:
