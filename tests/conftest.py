@@ -105,7 +105,9 @@ TINY_PARAMS = {
     "index": {"R": 3},
     # one thread: a second one only oversubscribes a busy 2-core CI machine at this size; float32 (the reference),
     # not params.yaml's auto: the same arithmetic on every CPU kind CI runs on (tests/test_precision.py tests auto)
-    "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1, "precision": "float32"},
+    "train": {"rounds": 2, "algorithms": ["fedcache", "local"], "threads": 1, "precision": "float32",
+              # a checkpoint after the last round only (about 7 ms a round saved): a test that resumes sets 1
+              "checkpoint_every": 1000},
     # the privacy audit's budgets at the tiny scale (seconds, not the default's minute)
     "audit": {"public": 300, "inverter_epochs": 3, "members": 16, "shadow_models": 2, "shadow_epochs": 1,
               "dlg_clients": 1, "dlg_steps": 5},

@@ -23,7 +23,7 @@ from pipeline.train.engine import Trainer
 from pipeline.federation.losses import kd_rows
 from pipeline.results.store import ResultsDB
 
-from conftest import tiny_params_raw
+from conftest import tiny_params_raw, with_section
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +288,8 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
 
 def test_resume_continues_exactly(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    params = _fedalt_params(params, capacity=[0.5, 0.5, 0.0], congestion=0.5, tau=2)
+    params = with_section(_fedalt_params(params, capacity=[0.5, 0.5, 0.0], congestion=0.5, tau=2), "train",
+                          checkpoint_every=1)
     straight = _trainer(params, part, mnist)
     straight.run()
     first = _trainer(params, part, mnist)

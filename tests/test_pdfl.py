@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import with_section
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.pdfl.method import (attention_weights, calibrate, init_projections, internal_teacher,
@@ -470,7 +471,7 @@ def test_switches_run(tiny_workspace, mnist, switch):
 
 def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    trainer = _trainer(_params(params), part, mnist)
+    trainer = _trainer(with_section(_params(params), "train", checkpoint_every=1), part, mnist)  # round 1's is read
     initial = [model_state(c.model) for c in trainer.clients]
     trainer.start()  # round 0: nothing sent, nothing averaged
     for c, s in zip(trainer.clients, initial):
@@ -492,7 +493,7 @@ def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace
 
 def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
     _, params, part = tiny_workspace
-    p = _params(params, rounds=3, topology="subsample", subsample_fraction=0.5)
+    p = with_section(_params(params, rounds=3, topology="subsample", subsample_fraction=0.5), "train", checkpoint_every=1)
     reference = _trainer(p, part, mnist, "reference.pt")
     reference.start()
     reference.run_round(1)

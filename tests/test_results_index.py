@@ -186,7 +186,8 @@ def test_foreign_duckdb_file_is_named_too(workspace):
 
 def test_new_run_clears_its_file_and_a_damaged_file_is_not_resumed(tiny_workspace, mnist, capsys):
     _, params, part = tiny_workspace
-    params = params.model_copy(update={"train": params.train.model_copy(update={"executor": "sequential"})})
+    params = params.model_copy(update={"train": params.train.model_copy(update={"executor": "sequential",
+                                                                                 "checkpoint_every": 1})})
     results = paths.run_results("local")
     results.parent.mkdir(parents=True)
     results.write_bytes(GARBAGE)  # left by an earlier run

@@ -77,6 +77,7 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_workspace, prefect_api, sch
     cwd, _, _ = tiny_workspace
     raw = yaml.safe_load((cwd / "params.yaml").read_text())
     raw["train"]["rounds"] = ROUNDS
+    raw["train"]["checkpoint_every"] = 1  # killed after round 3's checkpoint
     for section, values in (ASYNC if schedule == "async" else {}).items():
         raw[section].update(values)
     (cwd / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
