@@ -54,6 +54,12 @@ def test_a_lanes_error_is_raised_to_the_caller():
         step([FakeGroup("a", 1, 1, 1), Broken("b", 1, 1, 1)], 0)
 
 
+@pytest.fixture(scope="module")
+def mnist(small_mnist):
+    """14 x 14 digits (tests/conftest.py): a quarter of the convolution; this compares two computations."""
+    return small_mnist
+
+
 def _fedcache_step_round(params, part, mnist, side_by_side: bool, name: str):
     """One round of FedCache `step` on three groups (heterogeneous: one architecture a client), 2 torch
     threads; what each group's steps ran on."""

@@ -92,17 +92,18 @@ def test_a_rerun_sweep_replaces_its_experiments_without_forcing_unchanged_stages
     assert log.read_text().splitlines() == ["exp list --name-only"]
 
 
-def test_a_run_records_its_experiment_and_what_it_changed(tmp_path, monkeypatch, mnist):
+def test_a_run_records_its_experiment_and_what_it_changed(tmp_path, monkeypatch, small_mnist):
     """As `dvc exp run` leaves the environment: the name, the baseline commit and the main checkout."""
     monkeypatch.chdir(tmp_path)
-    _, params, part = make_workspace(tmp_path, mnist, {"train": {"rounds": 1}})
+    mnist = small_mnist  # 14 x 14: what is recorded does not depend on the pixels
+    _, params, part = make_workspace(tmp_path, mnist)  # the tiny setting as built for the other modules: no new build
     for cmd in (["git", "init", "-q"], ["git", "add", "params.yaml"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "baseline"]):
         subprocess.run(cmd, cwd=tmp_path, check=True)
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
     raw["fedcache"]["beta"] = 0.5
-    raw["train"]["rounds"] = 2
+    raw["train"]["rounds"] = 1
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     changed_params = load_params("params.yaml")
     monkeypatch.setenv("DVC_EXP_NAME", "beta-half")
@@ -110,14 +111,14 @@ def test_a_run_records_its_experiment_and_what_it_changed(tmp_path, monkeypatch,
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     exp = experiments.current()
     assert exp == Experiment("beta-half", rev, tmp_path.resolve())
-    assert experiments.changed_params(changed_params, exp) == {"train.rounds": 2, "fedcache.beta": 0.5}
+    assert experiments.changed_params(changed_params, exp) == {"train.rounds": 1, "fedcache.beta": 0.5}
 
     from test_results_index import _trainer
 
     summary = _trainer(changed_params, part, mnist, "local").run()
     with duckdb.connect(str(paths.run_results("local")), read_only=True) as con:
         row = con.execute("SELECT experiment, changed FROM runs WHERE run_id = ?", [summary["run_id"]]).fetchone()
-    assert row[0] == "beta-half" and json.loads(row[1]) == {"train.rounds": 2, "fedcache.beta": 0.5}
+    assert row[0] == "beta-half" and json.loads(row[1]) == {"train.rounds": 1, "fedcache.beta": 0.5}
     # outside an experiment: nothing recorded
     monkeypatch.delenv("DVC_EXP_NAME")
     assert experiments.current() is None and experiments.changed_params(changed_params, None) is None
