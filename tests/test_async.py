@@ -144,6 +144,7 @@ def _on_trace(params, tmp_path, part, slow=None, name="even.csv", **train):
     return with_section(_async(params, **train), "fedcache", consistency="round")
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_a_client_ten_times_slower_leaves_the_others_cadence_unchanged(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     slow = 0
@@ -192,9 +193,10 @@ def test_every_download_and_upload_of_the_event_log_is_in_the_ledger(tiny_worksp
 
 # a span of about 1.5 updates of the median client (a ResNet-8 weighs 0.3 MB: 2.4 s each way at 1 Mbit/s);
 # flaky: devices online and offline for 1 s on average, so some updates are dropped and some starts wait
-@pytest.mark.parametrize("method, span_s, flaky", [("fedcache", 1.5, False), ("fedcache", 1.5, True),
-                                                   ("fedavg", 8.0, False), ("mtfl", 8.0, False), ("fd", 1.5, False),
-                                                   ("local", 1.5, False)])
+# FedCache's in the unit tier; the others' (two whole runs each) in the end-to-end tier
+@pytest.mark.parametrize("method, span_s, flaky", [("fedcache", 1.5, False), ("fedcache", 1.5, True)] + [
+    pytest.param(*case, marks=pytest.mark.slow)
+    for case in (("fedavg", 8.0, False), ("mtfl", 8.0, False), ("fd", 1.5, False), ("local", 1.5, False))])
 def test_the_same_seeds_give_the_same_event_log_and_rows(tiny_workspace, mnist, tmp_path, method, span_s, flaky):
     _, params, part = tiny_workspace
     params = _on_trace(params, tmp_path, part, slow=1, async_eval_s=span_s)
@@ -278,6 +280,7 @@ def test_a_drop_is_logged_at_the_instant_the_connection_drops_in_the_span_it_fal
     assert not [r for r in rows["comm"] if r[1] in (0, 1) and r[2] == "up"]  # neither upload arrived
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     # FedAsync with a buffer of 2 and spans that end mid-update: the checkpoint holds the buffer, downloads and
@@ -307,6 +310,7 @@ def test_a_resumed_async_run_ends_where_an_uninterrupted_one_does(tiny_workspace
     assert resumed.server.version == straight.server.version > 0
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_a_resumed_async_run_with_lost_updates_in_flight_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist,
                                                                                               tmp_path):
     """Spans of 3.1 s on the devices of the test above: at span 1's end client 1's lost update is still training

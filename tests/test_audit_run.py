@@ -56,6 +56,7 @@ def test_fedcache_gives_away_its_labels_and_its_codes_are_inverted(tiny_workspac
     assert json.loads(paths.METRICS.read_text())["fedcache"]["privacy"]["label_tv"]["mean"] == 0.0
 
 
+@pytest.mark.slow  # trains tiny runs and audits each (the unit tier keeps FedCache's audit above)
 def test_fedavg_and_fedalt_are_read_from_their_classifier_updates_and_local_sends_nothing(tiny_workspace, mnist):
     fedavg = _audited(tiny_workspace, mnist, "fedavg")
     assert fedavg["label_mix"]["hows"] == ["from the classifier update"] and fedavg["label_mix"]["n_clients"] == 3
@@ -124,6 +125,7 @@ def test_each_methods_reconstruction_attack_applies_with_intervals(tiny_workspac
     assert 0 < rec["psnr"]["mean"] < 60 and 0 < rec["baseline_psnr"]["mean"] < 60
 
 
+@pytest.mark.slow  # trains tiny runs and audits each (the unit tier keeps FedCache's audit above)
 def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_audit(tiny_workspace, mnist):
     from pipeline.errors import ResultsError
     from pipeline.results.privacy import figures
@@ -143,6 +145,7 @@ def test_the_results_index_holds_each_audited_runs_figures_and_names_a_damaged_a
         rebuild_index(paths.RESULTS_DB, paths.RUNS)
 
 
+@pytest.mark.slow  # trains tiny runs and audits each (the unit tier keeps FedCache's audit above)
 def test_a_heterogeneous_run_is_audited_with_shadows_of_each_architecture(tiny_workspace, mnist):
     """audit-hetero@<method>: clients 0, 1, 2 hold ResNet-8, -16, -20 (HETERO_CYCLE); the model holder's LiRA
     trains shadows of each; a damaged audit of the run names the heterogeneous stage that rewrites it."""
@@ -170,6 +173,7 @@ def test_a_heterogeneous_run_is_audited_with_shadows_of_each_architecture(tiny_w
         rebuild_index(paths.RESULTS_DB, paths.RUNS)
 
 
+@pytest.mark.slow  # trains tiny runs and audits each (the unit tier keeps FedCache's audit above)
 def test_the_shadows_are_trained_once_and_shared_by_the_audits_of_one_architecture(tiny_workspace, mnist,
                                                                                    monkeypatch):
     from pipeline.audit import membership

@@ -206,6 +206,7 @@ def _lengths(rounds) -> list[float]:
     return [b - a for a, b in zip([0.0] + ends, ends)]
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_the_clock_changes_no_accuracy_or_byte(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     _, plain = _run(params, part, mnist, "plain")
@@ -221,6 +222,7 @@ def test_the_clock_changes_no_accuracy_or_byte(tiny_workspace, mnist):
     assert timed_trainer.summary()["sim_time_s"] == pytest.approx(ends[-1])
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_one_device_ten_times_slower_makes_every_sync_round_ten_times_longer(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     slow = int(np.argmax(np.diff(part.train_offsets)))  # the client with most samples, the slowest of equals
@@ -233,6 +235,7 @@ def test_one_device_ten_times_slower_makes_every_sync_round_ten_times_longer(tin
     assert [r[:4] for r in one_slow["rounds"]] == [r[:4] for r in even["rounds"]]  # sync drops nobody
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_a_deadline_drops_the_clients_that_miss_it_from_the_round(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     slow = int(np.argmax(np.diff(part.train_offsets)))
@@ -277,6 +280,7 @@ def test_a_deadline_with_a_per_step_exchange_is_refused_before_any_work(tiny_wor
     assert not (paths.RUNS / "refused" / "run.duckdb").exists()
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_offline_clients_sit_a_round_out_the_same_way_every_run(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     params = with_section(params, "devices", enabled=True, online_mean_s=0.3, offline_mean_s=0.3)
@@ -379,6 +383,7 @@ def test_the_servers_compute_takes_its_time_after_the_last_upload(tiny_workspace
         assert speed is None or server_s > 0
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_a_resumed_run_continues_the_clock(tiny_workspace, mnist, tmp_path):
     _, params, part = tiny_workspace
     params = with_section(params, "devices", enabled=True, trace=_trace(tmp_path, part, slow=0))

@@ -16,6 +16,8 @@ the method allows it, heterogeneous models:
     the key in the error;
   - (slow) it learns: MAUA over 3 rounds of 150 samples a client beats the initial models by 0.15
     (pFedMe, a slow starter as its paper sets it, by 0.05).
+The whole-run checks (executors, resume, encoded payloads) run in `make test-fast` for FedCache and FedAvg only
+(UNIT_TIER below); `make test` runs every method's.
 """
 
 from __future__ import annotations
@@ -42,9 +44,14 @@ from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
 CASES = [(name, hetero) for name in registry.names()
          for hetero in ((False,) if registry.params_class(name).supports.heterogeneous is not True else (False, True))]
 IDS = [f"{name}-{'hetero' if hetero else 'homo'}" for name, hetero in CASES]
-# the heterogeneous cases (ResNet-8/16/20 side by side) in the end-to-end tier: `make test-fast` keeps to 3 minutes
-PARAMS = [pytest.param(name, hetero, id=i, marks=[pytest.mark.slow] if hetero else [])
+# The whole-run checks (two executors, a resume, encoded payloads) of the reference pair, the knowledge cache and
+# parameter averaging, homogeneous, are in the unit tier; every other method's and the heterogeneous cases (ResNet-8/16/20
+# side by side) in the end-to-end tier, so that `make test-fast` keeps to 2 minutes on a busy 2-core machine.
+# `make test` runs them all, and so does `pytest tests/test_conformance.py -k <method>` while working on a method.
+UNIT_TIER = ("fedcache", "fedavg")
+PARAMS = [pytest.param(name, hetero, id=i, marks=[] if name in UNIT_TIER and not hetero else [pytest.mark.slow])
           for (name, hetero), i in zip(CASES, IDS)]
+METHODS = [pytest.param(name, marks=[] if name in UNIT_TIER else [pytest.mark.slow]) for name in registry.names()]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +138,7 @@ def _encoded(params, method: str) -> tuple[object, dict[str, str]]:
     return parse_params({**raw, method: {**raw[method], **chosen}}, methods=(method,)), chosen
 
 
-@pytest.mark.parametrize("method", registry.names())
+@pytest.mark.parametrize("method", METHODS)
 def test_every_methods_encoded_payloads_are_counted_exactly(tiny_workspace, mnist, method):
     """Every method with encoding keys (issue 38), each key set to a lossy encoding it takes: the ledger's total is
     the bytes of every array that crossed the boundary and their .npy lengths less the headers, and each row follows

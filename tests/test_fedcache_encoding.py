@@ -51,6 +51,7 @@ def test_per_batch_exchange_carries_encoded_rows(tiny_workspace, mnist, consiste
     assert_ledger_follows_the_declared_formula(trainer)
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_a_lossless_delta_trains_exactly_as_float32_and_a_wide_one_sends_only_ids_and_bitmaps(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     plain = _trainer(params, part, mnist, "plain")
@@ -72,6 +73,7 @@ def test_a_lossless_delta_trains_exactly_as_float32_and_a_wide_one_sends_only_id
         assert first[("up", "logits")] == 8 * n + -(-n // 8) + 4 * C * n  # round 1: nothing held, every row sent
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_a_resumed_delta_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist):
     """The copies a delta keeps (on the clients and the server) are in the checkpoint."""
     import shutil

@@ -114,6 +114,7 @@ def test_each_receiver_uses_the_prototypes_it_decoded(tiny_workspace, mnist):
     assert ((targets["prototype"] != 0).sum(dim=1) <= 8).all()
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_a_delta_keeps_the_same_copy_on_both_sides_and_a_lossless_one_trains_as_float32(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     lossy = _trainer(params, part, mnist, "lossy", encode_up="delta:0.05+int8", encode_down="delta:0.05+float16")

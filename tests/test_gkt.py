@@ -85,6 +85,7 @@ def test_features_go_up_and_the_server_models_logits_come_down(name, tiny_worksp
     assert {k: v.shape for k, v in trainer.server.knowledge.items()} == {k: (n[k], C) for k in n}
 
 
+@pytest.mark.slow  # a heterogeneous run (ResNet-8/16/20): the end-to-end tier, as in the conformance suite
 def test_feddkc_runs_with_heterogeneous_clients(tiny_workspace, mnist):
     """A1, A2 and A3 share the 16-channel stem, so every client uploads the same features per sample whatever its
     depth. Fails if a client's upload or download is not counted, or is counted at another size (e.g. a deeper

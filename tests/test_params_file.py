@@ -2,6 +2,7 @@
 place with a comment-keeping YAML writer, and a run applied to the workspace leaves its values there
 for the next one. A comment after a list value broke the file when a later run emptied that list."""
 
+import pytest
 import yaml
 from dvc.utils.serialize import modify_yaml
 
@@ -10,6 +11,7 @@ from pipeline.experiments import presets
 from pipeline.config import load_params
 
 
+@pytest.mark.slow  # every preset applied in turn, forwards and backwards: the end-to-end tier
 def test_presets_applied_one_after_another_leave_a_valid_params_file(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text((REPO_ROOT / "params.yaml").read_text())

@@ -338,6 +338,7 @@ def test_partition_stats_counts_sum_correctly(synthetic_labels, tmp_path):
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
+@pytest.mark.slow  # reads the real 70,000-image dataset: the end-to-end tier
 @pytest.mark.skipif(not __import__("os").path.isdir(FASHION_MNIST_DIR),
                     reason=f"Fashion-MNIST not installed at {FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)")
 def test_real_fashion_mnist_labels_with_the_default_params(repo_root):

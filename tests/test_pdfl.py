@@ -491,6 +491,7 @@ def test_models_start_own_and_state_checkpoints_with_weights_only(tiny_workspace
     assert saved["algorithm"]["feedback"]  # the undelivered feedback travels with the checkpoint
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_resume_is_exact_with_a_time_varying_graph(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     p = with_section(_params(params, rounds=3, topology="subsample", subsample_fraction=0.5), "train", checkpoint_every=1)

@@ -125,7 +125,9 @@ def test_fd_bytes_are_class_payloads(tiny_workspace, mnist):
     assert _comm(summary["run_id"]) == sorted(expected)
 
 
-@pytest.mark.parametrize("algorithm", ["fd", "fedcache", "local"])
+# FedCache's heterogeneous run in the unit tier; the others' in the end-to-end tier, as in the conformance suite
+@pytest.mark.parametrize("algorithm", [pytest.param("fd", marks=pytest.mark.slow), "fedcache",
+                                       pytest.param("local", marks=pytest.mark.slow)])
 def test_heterogeneous_models_train(tiny_workspace, mnist, algorithm):
     """A1, A2, A3 by client id mod 3; the run's figures are those models' accuracies, written out here: round 0
     the initial models', the final round the trained models', MAUA the best round. Fails if a client gets

@@ -105,6 +105,7 @@ def test_bfloat16_runs_the_forward_passes_in_bfloat16_and_keeps_state_uploads_an
          for precision in ("float32", "bfloat16")})
 
 
+@pytest.mark.slow  # two whole runs compared: the end-to-end tier
 def test_bfloat16_accuracy_stays_near_float32s(tiny_workspace, mnist):
     """Two rounds of 3 local epochs at lr 0.05, so the tiny setting learns (float32 0.29-0.43 against 0.1 by
     chance). About 100 test digits in all, so one digit moves the mean about 1%: on seeds 0-4, on both

@@ -67,6 +67,7 @@ def test_op_classes():
     assert roofline.op_class("Optimizer.step#SGD.step") == "optimizer"
 
 
+@pytest.mark.slow  # the bench's rounds on every executor, each profiled: a tool's run, the end-to-end tier
 def test_a_tiny_round_on_every_executor(tiny_workspace, mnist):
     _, params, part = tiny_workspace
     peak = roofline.gemm_peak(1, torch.float32, n=256, repeats=3)

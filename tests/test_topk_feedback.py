@@ -101,6 +101,7 @@ def test_top_k_changes_are_counted_exactly_and_follow_the_declared_formula(tiny_
     assert residuals and all(any(t.abs().sum() > 0 for t in r.values()) for r in residuals)  # what was left out
 
 
+@pytest.mark.slow  # two whole runs compared (a straight one and a resumed one): the end-to-end tier
 def test_a_resumed_top_k_run_ends_where_an_uninterrupted_one_does(tiny_workspace, mnist):
     """The residuals are client state: in the checkpoint, so the resumed round adds them as the straight one does."""
     _, params, part = tiny_workspace

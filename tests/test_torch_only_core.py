@@ -9,7 +9,11 @@ and not on the GPU machine.
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # a fresh interpreter (real processes: the end-to-end tier)
 
 SERVICE_LIBRARIES = ["prefect", "dvc", "duckdb", "pydantic", "sqlalchemy", "faiss", "networkx", "yaml", "streamlit"]
 CORE = ["pipeline.train.engine", "pipeline.train.executors", "models.grouped", "pipeline.methods.registry", "pipeline.data.datasets",
