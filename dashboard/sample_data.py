@@ -22,6 +22,7 @@ Used by the dashboard tests and the browser test; try it with
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,16 @@ def build_stage_outputs(root: Path, clients: int = K, per_client: int = PER_CLIE
                  codes.astype(np.float16), relations, ds.num_classes,
                  {"dataset": "mnist", "encoder": "pixels"})
     return np.diff(part.train_offsets)
+
+
+def one_connection(write):
+    """A writer of several runs into one results file, over one connection (ResultsDB.held): every run's start and
+    finish attaching the file again cost about 10 ms each."""
+    @functools.wraps(write)
+    def held(db: ResultsDB, *args, **kwargs):
+        with db.held():
+            return write(db, *args, **kwargs)
+    return held
 
 
 def write_run(db: ResultsDB, run_id: str, algorithm: str, setting: str, params: dict, sizes: np.ndarray,
@@ -194,13 +205,14 @@ def build(root: Path) -> SampleInputs:
     sizes = build_stage_outputs(out.root)
     db = ResultsDB(out.results_db, lock_timeout_s=30)
     ids = out.run_ids
-    write_run(db, ids["fedcache"], "fedcache", "homo", params_for(out.root), sizes, curve(0.8123), seed=1,
-              environment=ENVIRONMENT)
-    write_run(db, ids["local"], "local", "homo", params_for(out.root), sizes, curve(0.6547), seed=2)
-    write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
-              sizes, curve(0.7345), seed=3)
-    db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
-    write_privacy(db, {ids["fedcache"]: "fedcache", ids["local"]: "local"})  # the hetero run: no audit
+    with db.held():
+        write_run(db, ids["fedcache"], "fedcache", "homo", params_for(out.root), sizes, curve(0.8123), seed=1,
+                  environment=ENVIRONMENT)
+        write_run(db, ids["local"], "local", "homo", params_for(out.root), sizes, curve(0.6547), seed=2)
+        write_run(db, ids["fedcache_hetero"], "fedcache", "hetero", params_for(out.root, hetero=True, lr=0.02),
+                  sizes, curve(0.7345), seed=3)
+        db.start_run(ids["starting"], "fedcache", "mnist", "homo", params_for(out.root, beta=2.0), "abc1234")
+        write_privacy(db, {ids["fedcache"]: "fedcache", ids["local"]: "local"})  # the hetero run: no audit
     (out.root / ".complete").touch()
     return out
 
@@ -214,6 +226,7 @@ ENVIRONMENT = {"command": "/work/.venv/bin/python -m flows.train fedcache", "cwd
                "torch_threads": 4, "device": "cuda:0", "gpu": "NVIDIA H200"}
 
 
+@one_connection
 def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """A results file as a researcher's gets: besides the finished runs of one set-up (FedCache, FedAvg,
     local; 6 rounds; each with its PRIVACY figures), a newer 4-round FedCache test run and a newest FedCache run killed an hour ago
@@ -233,6 +246,7 @@ def write_mixed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     return ids
 
 
+@one_connection
 def write_timed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """Runs on simulated devices (issue 24) beside one without: FedCache async (2 simulated s a round),
     FedAvg deadline (5 s a round) and local (devices off). Returns name -> run_id."""
@@ -247,6 +261,7 @@ def write_timed_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     return ids
 
 
+@one_connection
 def write_pdfl_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """A decentralized run beside a server's: pDFL on a ring (every client sends its model and knowledge to its two
     neighbours each round; the ledger's rows are "up" for the sender, the receiver as peer) and FedAvg. Returns
@@ -258,6 +273,7 @@ def write_pdfl_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     return ids
 
 
+@one_connection
 def write_seed_runs(db: ResultsDB, root: Path, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[int, str]:
     """FedCache runs of one configuration, one per seed (params differ only in `seed`; final accuracy
     0.80, 0.81, ...), plus one local-only run. Returns seed -> run_id (the local run under -1)."""
@@ -272,6 +288,7 @@ def write_seed_runs(db: ResultsDB, root: Path, seeds: tuple[int, ...] = (0, 1, 2
     return ids
 
 
+@one_connection
 def write_tied_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """Two finished runs that the 95% intervals cannot tell apart: FedCache and a FedCache variant (label
     "fedcache (beta=2.0)", the same bytes) of the same seed and clients, whose final mean accuracies differ by 0.2
@@ -288,6 +305,7 @@ def write_tied_runs(db: ResultsDB, root: Path) -> dict[str, str]:
 ENCODED_ROUNDS = 20
 
 
+@one_connection
 def write_encoded_runs(db: ResultsDB, root: Path) -> dict[str, str]:
     """Runs of the compression preset's kind (issue 38; docs/compression.md): FedCache (consistency round) with its
     logits and teachers in float32, int8 and argmax, and FedAvg's models in float32 and int8, each labelled with its
@@ -330,6 +348,7 @@ def ablation_final(key: str, value: float, algorithm: str) -> float:
     return round((0.70 + 0.04 * i) if algorithm == "fedcache" else (0.60 + 0.02 * i), 4)
 
 
+@one_connection
 def write_ablation_runs(db: ResultsDB, root: Path) -> dict[tuple, str]:
     """Runs as `python -m pipeline.experiments.sweeps run ablation_alpha` and `... ablation_R` leave them (FedCache and
     FD, one run per value, named <sweep>-<key>-<value>, `changed` as against params_for's params: a value

@@ -318,7 +318,10 @@ class ResultsDB:
     def held(self) -> Iterator[None]:
         """Keep one writing connection open for the writes inside: each attach and write-through costs a few ms, so
         a bulk writer (sample data: many rounds) opens it once. A stage writes a round at a time, each
-        round in a connection of its own, so readers get the file between rounds."""
+        round in a connection of its own, so readers get the file between rounds. Held already: the same connection."""
+        if self._held is not None:
+            yield
+            return
         with self.connect() as con:
             self._held = con
             try:
