@@ -73,10 +73,27 @@ def write_params(tmp_path):
     return _write
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """One intra-op torch thread for a module of small models (restored after): a second one only contends with the
-    other test worker on a busy 2-core machine. Use: pytestmark = pytest.mark.usefixtures("one_torch_thread")."""
+def layout(t) -> str:
+    """A 4-d tensor's memory layout: "NHWC", "NCHW" or "other". By the channel stride too: with one channel both
+    contiguity checks hold."""
+    import torch
+
+    if t.is_contiguous(memory_format=torch.channels_last) and t.stride(1) == 1:
+        return "NHWC"
+    return "NCHW" if t.is_contiguous() else "other"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_a_worker():
+    """Under pytest-xdist each worker computes on one intra-op torch thread: the workers are as many as the cores, and
+    a second thread each only oversubscribes them (two workers' two-thread OpenMP regions spin against each other).
+    `make test-fast` with the other core busy, Intel Xeon: 115.7 s with two threads a worker, 106.0 s with one. A test
+    that needs more threads sets them itself (the lanes and the thread benches do)."""
+    import os
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
     import torch
 
     threads = torch.get_num_threads()

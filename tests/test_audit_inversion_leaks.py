@@ -29,9 +29,6 @@ from test_audit_reconstruction import sigmoid_lenet
 N_PUBLIC, N_PRIVATE = 1000, 200
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
-
-
 def split(images: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(public images, private images): disjoint, seeded."""
     order = np.random.default_rng(seed).permutation(len(images))

@@ -57,9 +57,6 @@ def _train(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, seed: in
     return model.eval()
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
-
-
 def _resnet8() -> nn.Module:
     return build_model("resnet8", 1, 10)
 

@@ -37,9 +37,6 @@ from pipeline.index.encoder import build_encoder, encode
 N_PUBLIC, N_PRIVATE = 1000, 200
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small models (tests/conftest.py)
-
-
 @pytest.fixture(scope="module")
 def split(small_mnist):
     """(public images, private images): disjoint 14 x 14 training digits."""
