@@ -60,11 +60,11 @@ def mnist(small_mnist):
     return small_mnist
 
 
-def _fedcache_step_round(params, part, mnist, side_by_side: bool, name: str):
-    """One round of FedCache `step` on three groups (heterogeneous: one architecture a client), 2 torch
+def _fedcache_step_round(params, part, mnist, side_by_side: bool, name: str, threads: int):
+    """One round of FedCache `step` on three groups (heterogeneous: one architecture a client) with `threads` torch
     threads; what each group's steps ran on."""
-    params = with_section(with_section(params, "train", threads=2, executor="vectorized", side_by_side=side_by_side),
-                          "fedcache", consistency="step")
+    params = with_section(with_section(params, "train", threads=threads, executor="vectorized",
+                                       side_by_side=side_by_side), "fedcache", consistency="step")
     trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
                       ResultsDB(paths.RESULTS_DB), hetero=True)
     seen: set[tuple[str, int]] = set()
@@ -87,12 +87,13 @@ def _fedcache_step_round(params, part, mnist, side_by_side: bool, name: str):
 def test_a_step_round_in_lanes_computes_what_the_groups_in_turn_compute(tiny_workspace, mnist, float64):
     _, params, part = tiny_workspace
     threads = torch.get_num_threads()
-    in_turn, turn_threads = _fedcache_step_round(params, part, mnist, False, "in-turn")
-    lanes, lane_threads = _fedcache_step_round(params, part, mnist, True, "lanes")
+    # in turn on one thread (two only contend with the other test worker; the groups' arithmetic is the same)
+    in_turn, turn_threads = _fedcache_step_round(params, part, mnist, False, "in-turn", threads=1)
+    lanes, lane_threads = _fedcache_step_round(params, part, mnist, True, "lanes", threads=2)
     assert torch.get_num_threads() == 2  # the run's own count, given back after the lanes
     torch.set_num_threads(threads)
 
-    assert turn_threads == {("MainThread", 2)}
+    assert turn_threads == {("MainThread", 1)}
     assert ("lane", 1) in lane_threads and all(n == 1 for name, n in lane_threads if name == "lane")
     assert len(in_turn.clients) == 3 and len({executors.architecture(c.model) for c in in_turn.clients}) == 3
     for a, b in zip(in_turn.clients, lanes.clients):
