@@ -19,8 +19,7 @@ from pipeline.train.engine import Trainer
 from pipeline.train.executors import SequentialExecutor
 from pipeline.results.store import ResultsDB
 
-from conftest import make_workspace, tiny_params_raw, with_section
-from test_grouped import layout
+from conftest import layout, make_workspace, tiny_params_raw, with_section
 
 
 def _trainer(params, part, mnist, algorithm: str, executor: str, hetero: bool = False) -> Trainer:

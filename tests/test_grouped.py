@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import layout
 from models.multiexit import MultiExitResNet
 from models.resnet import build_model
 from models.grouped import GroupedModel, GroupedSGD, client_view, supports
@@ -298,13 +299,6 @@ def test_supports_and_refusals():
         grouped(torch.randn(5, 1, 28, 28))
     with pytest.raises(ValueError, match="mask"):
         grouped.set_step(2, 3, torch.ones(2, 4, dtype=torch.bool))
-
-
-def layout(t: torch.Tensor) -> str:
-    """"NHWC", "NCHW" or "other". By the channel stride too: with one channel both contiguity checks hold."""
-    if t.is_contiguous(memory_format=torch.channels_last) and t.stride(1) == 1:
-        return "NHWC"
-    return "NCHW" if t.is_contiguous() else "other"
 
 
 def _conv_input_layouts(grouped: GroupedModel, x: torch.Tensor) -> set[str]:
