@@ -126,10 +126,10 @@ def precision_knob() -> bool:
 
 def bf16_flags() -> dict[str, bool]:
     """The CPU's bf16 instruction flags (/proc/cpuinfo): without them bf16 arithmetic is emulated."""
-    from pipeline.machine import cpu_flags
+    from pipeline.machine import BF16_UNITS, bf16_units
 
-    flags = cpu_flags()
-    return {name: name in flags for name in ("avx512_bf16", "amx_bf16")}
+    found = bf16_units()
+    return {name: name in found for name in BF16_UNITS}
 
 
 # ------------------------------------------------------------------------------------------------ one run

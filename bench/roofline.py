@@ -69,7 +69,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from pipeline.machine import cpu_description, cpu_flags, cpuinfo_fields  # noqa: E402
+from pipeline.machine import bf16_units as machine_bf16_units  # noqa: E402
+from pipeline.machine import cpu_description, cpuinfo_fields  # noqa: E402
 
 EXECUTORS = ("sequential", "vectorized")
 PRECISIONS = ("fp32", "bf16")
@@ -101,9 +102,7 @@ SETTINGS: dict[str, tuple[str, Any, bool]] = {
 def bf16_units(flags: set[str] | frozenset[str] | None = None) -> str | None:
     """The CPU's bf16 instructions among `flags` (default: this CPU's); None: none, so bf16 arithmetic is
     emulated (converted to fp32 and back), slower than fp32."""
-    flags = cpu_flags() if flags is None else flags
-    found = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
-    return ", ".join(found) or None
+    return ", ".join(machine_bf16_units(flags)) or None
 
 
 NO_UNITS = "emulated, no bf16 units"

@@ -44,6 +44,16 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(cpuinfo_fields().get("flags", "").split())
 
 
+# the CPU flags of native bfloat16 arithmetic: without them torch converts to float32 and back (emulated, slower)
+BF16_UNITS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_units(flags: set[str] | frozenset[str] | None = None) -> tuple[str, ...]:
+    """The CPU's native bfloat16 instructions among `flags` (default: this CPU's), in BF16_UNITS' order."""
+    flags = cpu_flags() if flags is None else flags
+    return tuple(f for f in BF16_UNITS if f in flags)
+
+
 # the packages a run's figures depend on (accuracy: torch's kernels; bytes and timing: the rest of the stack)
 RECORDED_PACKAGES = ("torch", "torchvision", "numpy", "scipy", "faiss-cpu", "pydantic", "prefect", "dask", "dvc",
                      "duckdb", "sqlalchemy")
