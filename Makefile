@@ -78,7 +78,8 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 test: setup browser
 	$(PYTEST)
 
-# The unit tier alone, for the inner loop: no DVC run, no Prefect server, no browser.
+# The unit tier alone, for the inner loop (at most 2 minutes on 2 cores, one of them busy): in-process, no DVC run,
+# no Prefect server, no browser, no other process (docs/testing.md says what each tier holds).
 test-fast: setup
 	$(PYTEST) -m "not slow"
 

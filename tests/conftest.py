@@ -84,20 +84,22 @@ def layout(t) -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread_a_worker():
-    """Under pytest-xdist each worker computes on one intra-op torch thread: the workers are as many as the cores, and
-    a second thread each only oversubscribes them (two workers' two-thread OpenMP regions spin against each other).
-    `make test-fast` with the other core busy, Intel Xeon: 115.7 s with two threads a worker, 106.0 s with one. A test
-    that needs more threads sets them itself (the lanes and the thread benches do)."""
+def _the_workers_share_the_cores():
+    """Under pytest-xdist each worker computes on its share of the cores in intra-op torch threads (one each when the
+    workers are as many as the cores, as `make test` runs them): more only oversubscribes them, and two workers'
+    two-thread OpenMP regions spun against each other. `make test-fast` with the other core busy, Intel Xeon:
+    115.7 s with two threads a worker, 106.0 s with one. A test that needs more threads sets them itself (the lanes
+    and the thread benches do)."""
     import os
 
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not workers:
         yield
         return
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     yield
     torch.set_num_threads(threads)
 
