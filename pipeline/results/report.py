@@ -7,16 +7,11 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from pipeline.results.compare import RunSeries, difference_interval  # noqa: E402
-from pipeline.results.intervals import Interval, covers, percent  # noqa: E402
-from pipeline.results.privacy import METRICS as PRIVACY_METRICS  # noqa: E402
-from pipeline.results.privacy import format_privacy  # noqa: E402
-from pipeline.results.store import DIFFERENCE_COLUMNS  # noqa: E402
+from pipeline.results.compare import RunSeries, difference_interval
+from pipeline.results.intervals import Interval, covers, percent
+from pipeline.results.privacy import METRICS as PRIVACY_METRICS
+from pipeline.results.privacy import format_privacy
+from pipeline.results.store import DIFFERENCE_COLUMNS
 
 COLUMNS = ("algorithm", "label", "setting", "rounds", "maua", "final_acc", "bytes_total", "bytes_setup",
            "bytes_training", "target_acc", "bytes_to_target", "bytes_to_target_no_setup", "speedup", "speedup_no_setup",
@@ -270,12 +265,24 @@ def write_outputs(rows: list[dict], metrics_path: Path, report_dir: Path, datase
         writer.writerows(diffs)
 
 
+def _pyplot():
+    """matplotlib's pyplot drawing to files only (no display), imported when a plot is made: importing this module
+    for its tables (the tests, the dashboard) does not pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_accuracy_vs_sim_time(runs: list[RunSeries], path: Path) -> bool:
     """Mean user accuracy vs simulated seconds (docs/devices.md), one line per run that has simulated time;
     False (no file) when none has."""
     timed_runs = [s for s in runs if s.sim_times]
     if not timed_runs:
         return False
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for series in timed_runs:
         label = series.name if series.setting == "homo" else f"{series.name}, {series.setting}"
@@ -296,6 +303,7 @@ def plot_accuracy_vs_sim_time(runs: list[RunSeries], path: Path) -> bool:
 def plot_accuracy_vs_bytes(runs: list[RunSeries], path: Path) -> None:
     """Mean user accuracy vs cumulative bytes (log x, set-up included), one line per run. Runs that
     send nothing are drawn as horizontal dashed lines at their MAUA."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for series in runs:
         label = series.name if series.setting == "homo" else f"{series.name}, {series.setting}"
