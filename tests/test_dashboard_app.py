@@ -667,6 +667,7 @@ def test_the_paper_table_fits_a_1280_px_window_and_shows_no_none(app, mixed):
     assert "Table 5: pfedme" in caption  # the reference method, out of the grid
 
 
+@pytest.mark.slow  # a sequence of app runs: the end-to-end tier (the unit tier draws each view)
 def test_every_table_shows_its_texts_whole(app, mixed):
     """Issue 37: headers and cells cut off ('ot reached' for 'not reached' in a 70 px column): every column of the
     comparison table, the paper's and the Clients tab's is as wide as its header and its longest text."""

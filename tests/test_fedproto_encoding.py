@@ -51,6 +51,7 @@ def test_encoded_prototypes_are_counted_exactly(tiny_workspace, mnist, up, down)
     assert_ledger_follows_the_declared_formula(trainer)
 
 
+@pytest.mark.slow  # a run for each encoding (the unit tier keeps the prototypes counted exactly): the end-to-end tier
 def test_the_declared_formula_is_what_the_encodings_weigh(tiny_workspace, mnist):
     """int8 up: per class its id and count, D bytes and the prototype's minimum and step; float16 down: per global
     class its id and 2 bytes a value; topk:8 (fill zero, uint8 columns): 8 float32 values and their columns."""

@@ -70,6 +70,7 @@ def _int8_state_bytes(state: dict[str, torch.Tensor]) -> int:
     return total
 
 
+@pytest.mark.slow  # a run for each encoding (the unit tier keeps the relays counted exactly): the end-to-end tier
 def test_the_declared_formula_is_what_the_encodings_weigh(tiny_workspace, mnist):
     """Per edge: an int8 model weighs a byte a value and 8 bytes a tensor row; P at topk:3 weighs per class 3
     float32 values, their uint8 columns and the float32 rest, at argmax one uint8 label; the counts 8 bytes each.

@@ -8,6 +8,8 @@ import torch
 
 from bench import threads_per_group as bench
 
+pytestmark = pytest.mark.slow  # the bench tool's own steps (ResNet-8 groups, both ways): the end-to-end tier
+
 
 def _weights(group: bench.Group) -> list[torch.Tensor]:
     return [p.detach().clone() for p in group.net.parameters()]
@@ -27,7 +29,6 @@ def test_each_way_steps_every_group(way):
         assert any(not torch.equal(p, q) for p, q in zip(_weights(g), old)), way.__name__  # the step ran
 
 
-@pytest.mark.slow  # the bench's timed run: a tool's run, the end-to-end tier
 def test_the_row_is_the_measured_rates_and_the_thread_count_is_restored(capsys):
     threads = torch.get_num_threads()
     [row] = bench.main(["--models", "resnet8", "--clients", "2", "--steps", "1", "--repeats", "1"])
