@@ -54,6 +54,20 @@ def bf16_units(flags: set[str] | frozenset[str] | None = None) -> tuple[str, ...
     return tuple(f for f in BF16_UNITS if f in flags)
 
 
+# oneDNN's cap on the instructions it may use (oneDNN runs torch's CPU convolutions and matrix products): a value
+# without AMX (e.g. AVX2, to mimic an older CPU) keeps AMX idle though the CPU has it
+ONEDNN_ISA_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def amx_in_use(flags: set[str] | frozenset[str] | None = None, environ: dict | None = None) -> bool:
+    """Whether torch's kernels may run bfloat16 on AMX here: the CPU has it (`flags`, default this CPU's) and no
+    oneDNN cap in `environ` (default the process's) holds them below it."""
+    flags = cpu_flags() if flags is None else flags
+    environ = os.environ if environ is None else environ
+    cap = next((environ[v] for v in ONEDNN_ISA_VARS if environ.get(v)), "ALL").upper()
+    return "amx_bf16" in flags and (cap in ("ALL", "DEFAULT") or "AMX" in cap)
+
+
 # the packages a run's figures depend on (accuracy: torch's kernels; bytes and timing: the rest of the stack)
 RECORDED_PACKAGES = ("torch", "torchvision", "numpy", "scipy", "faiss-cpu", "pydantic", "prefect", "dask", "dvc",
                      "duckdb", "sqlalchemy")

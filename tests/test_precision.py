@@ -42,6 +42,18 @@ def test_auto_is_bfloat16_on_a_cpu_with_amx_and_float32_elsewhere(monkeypatch):
             assert precision.resolved_precision(fixed, "cpu") == fixed
 
 
+def test_auto_sees_amx_only_where_onednn_may_use_it():
+    from pipeline.machine import amx_in_use
+
+    amx = {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert amx_in_use(amx, {}) and amx_in_use(amx, {"ONEDNN_MAX_CPU_ISA": "avx512_core_amx"})
+    assert amx_in_use(amx, {"DNNL_MAX_CPU_ISA": "ALL"})
+    # capped below AMX (to run an older CPU's kernels): bfloat16 would be emulated, so auto means float32
+    for cap in ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, {"DNNL_MAX_CPU_ISA": "avx512_core_bf16"}):
+        assert not amx_in_use(amx, cap)
+    assert not amx_in_use(amx - {"amx_bf16"}, {})
+
+
 class ConvOutputs:
     """The dtypes of every convolution's output while the block runs, by whether autograd was recording
     (training's forward) or not (evaluation). A global forward hook, so it also sees the vectorized executor's

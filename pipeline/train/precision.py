@@ -9,7 +9,8 @@
              emulated and slower than float32.
   auto       the default: bfloat16 where it was measured to win and to tie on accuracy (a CPU with
              AMX: docs/executors.md's levers, docs/choices.md), float32 everywhere else (CPUs without
-             AMX, where bfloat16 is emulated or unmeasured, and GPUs until bench/gpu_check.sh has
+             AMX, or with oneDNN capped below it by ONEDNN_MAX_CPU_ISA, where bfloat16 is emulated or
+             unmeasured, and GPUs until bench/gpu_check.sh has
              measured one). A run records what it resolved to (its environment's `precision`).
 
 What autocast does not touch stays float32: weights, BatchNorm statistics, gradients and optimizer
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.machine import cpu_flags
+from pipeline.machine import amx_in_use
 
 if TYPE_CHECKING:  # the training core runs without the config library (bench/gpu_check.sh)
     from pipeline.config import Params
@@ -45,7 +46,7 @@ def resolved_precision(precision: str, device: torch.device | str) -> str:
 
 @functools.cache
 def _cpu_has_amx_bf16() -> bool:
-    return "amx_bf16" in cpu_flags()
+    return amx_in_use()  # (not where oneDNN is capped below AMX: bfloat16 would be emulated there)
 
 
 def autocast_for(params: Params, device: torch.device | str) -> AbstractContextManager:
