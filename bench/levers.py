@@ -35,7 +35,9 @@ The levers, each applied from this script, none of them by editing the library:
                  call into the server half). Compile seconds are dynamo's own total; a new step shape (fewer
                  active clients, a partial batch, evaluation) compiles again, up to dynamo's recompile limit.
   eval           evaluation under no_grad instead of inference_mode; evaluation batch 256 and 2048 instead of 512;
-                 each client on its own (the sequential executor's evaluation) instead of batched across clients.
+                 batched across clients in grouped networks (bench/eval_speed.py's, the vectorized executor's until
+                 one client at a time measured faster) instead of one client at a time. Files measured before that
+                 change hold the other way round: a batched baseline and a one-client-at-a-time row.
   loss           FedCache's distillation term as one F.kl_div(log_target=True) call, or torch.compile'd (its
                  softmaxes, exp and sum fused into one kernel).
   precision      train.precision: bfloat16 autocast against float32, when the knob exists in pipeline/config.py.
@@ -87,14 +89,14 @@ class Variant:
     """One run's knobs; the defaults are the baseline (params.yaml's choices)."""
 
     lever: str = "baseline"
-    setting: str = ("params.yaml: group 32, NHWC training and NCHW evaluation, eager, eval batch 512 under "
-                    "inference_mode, float32")
+    setting: str = ("params.yaml: group 32, NHWC training and NCHW evaluation, eager, eval batch 512 one client "
+                    "at a time under inference_mode, float32")
     group_size: int = 32
     layout: str = "library"  # library (NHWC training, NCHW evaluation) | nchw (throughout) | nhwc (throughout)
     compile: bool = False
     eval_grad: str = "inference_mode"  # inference_mode (the library's) | no_grad
     eval_batch: int = 512
-    eval_per_client: bool = False  # each client on its own instead of batched across clients
+    eval_batched: bool = False  # batched across clients in grouped networks instead of one client at a time
     loss: str = "library"  # library | kl_div | compiled
     precision: str = "float32"
 
@@ -110,7 +112,7 @@ VARIANTS: dict[str, list[Variant]] = {
     "eval": [replace(BASELINE, lever="eval", setting="no_grad", eval_grad="no_grad"),
              replace(BASELINE, lever="eval", setting="batch 256", eval_batch=256),
              replace(BASELINE, lever="eval", setting="batch 2048", eval_batch=2048),
-             replace(BASELINE, lever="eval", setting="one client at a time (no_grad)", eval_per_client=True)],
+             replace(BASELINE, lever="eval", setting="batched across clients (the default before)", eval_batched=True)],
     "loss": [replace(BASELINE, lever="loss", setting="KD as one F.kl_div", loss="kl_div"),
              replace(BASELINE, lever="loss", setting="KD torch.compile'd", loss="compiled")],
     "precision": [replace(BASELINE, lever="precision", setting="bfloat16 autocast", precision="bfloat16")],
@@ -154,8 +156,10 @@ def apply_levers(v: Variant) -> None:
     if v.compile:
         grouped.GroupedModel.forward = torch.compile(grouped.GroupedModel.forward)
     if v.eval_grad == "no_grad":
-        # the same function without its @torch.inference_mode(), under no_grad instead
-        executors.grouped_accuracy = torch.no_grad()(executors.grouped_accuracy.__wrapped__)
+        # the same function without its @torch.inference_mode(), under no_grad instead (LocalUpdate.evaluate's)
+        from pipeline.federation import clients, contract
+
+        contract.evaluate_model = torch.no_grad()(clients.evaluate_model.__wrapped__)
     if v.loss == "kl_div":
         fedcache.kd_rows = kd_rows_kl_div
     elif v.loss == "compiled":
@@ -207,7 +211,7 @@ def one_run(v: Variant, rounds: int, scale: dict, synthetic: bool, eval_rows: in
     import torch
     import torch_harness as h
 
-    from pipeline.train.executors import VectorizedExecutor, evaluate
+    from pipeline.train.executors import VectorizedExecutor
 
     torch.set_num_threads(threads)
     limit = watch_recompile_limit()
@@ -218,8 +222,10 @@ def one_run(v: Variant, rounds: int, scale: dict, synthetic: bool, eval_rows: in
     setting = h.scaled_setting(scale["clients"], False, scale["samples"])
     sim, part = h.simulation(h.HarnessFedCache, setting, params, "cpu", synthetic)
     sim.executor = VectorizedExecutor(v.group_size)
-    if v.eval_per_client:
-        sim.executor.evaluate = evaluate  # the other executors' evaluation: one client after another, no_grad
+    if v.eval_batched:
+        from eval_speed import evaluator
+
+        sim.executor.evaluate = evaluator("batched across clients")
     if eval_rows is not None:  # smoke runs: the first rows of each client's test and validation splits
         for c in sim.clients:
             c.x_test, c.y_test = c.x_test[:eval_rows], c.y_test[:eval_rows]
@@ -415,9 +421,10 @@ WHAT_EACH_DOES = {  # for the docs section: what a lever changes (this module's 
     "group_size": "8 or 16 clients per grouped network instead of 32 (all 20 in one)",
     "compile": ("torch.compile (inductor) of the grouped forward and its backward; the loss and the per-step exchange "
                 "stay eager; compile s is dynamo's total, and each new step shape compiles again"),
-    "eval": ("evaluation under no_grad instead of inference_mode, batch 256 or 2048 instead of 512, or one client at a "
-             "time instead of batched across clients; the training is the baseline's, so its round speed-up shows "
-             "the run-to-run noise"),
+    "eval": ("evaluation under no_grad instead of inference_mode, batch 256 or 2048 instead of 512, or batched across "
+             "clients instead of one client at a time (a file measured before evaluation went one client at a time, as "
+             "both tables below are, has the batched way as its baseline and today's way, under no_grad, as its "
+             "row \"one client at a time (no_grad)\"); the training is the baseline's, so its round speed-up shows the run-to-run noise"),
     "loss": "FedCache's distillation term as one F.kl_div call, or torch.compile'd into one kernel",
     "precision": "train.precision: bfloat16 autocast against float32",
     "startup": ("each part of a stage's start, in fresh processes; torch's first optimizer imports torch._dynamo, so "

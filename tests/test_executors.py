@@ -80,48 +80,20 @@ def test_step_and_live_both_learn(tmp_path, monkeypatch, small_mnist):
     assert (step.server.cache.updated_in == 8).all()
 
 
-def test_grouped_evaluation_equals_one_client_after_another(mnist, float64):
-    """The vectorized executor's evaluation (same-architecture clients in one grouped network, their test
-    splits of different sizes, one of them empty) gives each client's own accuracy, as evaluate_model does."""
-    import torch
-
-    from models.resnet import build_model
-    from pipeline.federation.clients import Client, evaluate_model, to_tensor
-    from pipeline.federation.contract import LocalUpdate
-    from pipeline.train.executors import VectorizedExecutor
-
-    params = parse_params(tiny_params_raw({"train": {"eval_batch_size": 16}}))
-    clients = []
-    for k, n_test in enumerate([37, 5, 0, 20]):
-        torch.manual_seed(k)
-        model = build_model("resnet8", 1, mnist.num_classes)
-        with torch.no_grad():  # running statistics of their own: eval mode reads them
-            for m in model.modules():
-                if isinstance(m, torch.nn.BatchNorm2d):
-                    m.running_mean.normal_(0, 0.1)
-                    m.running_var.uniform_(0.5, 1.5)
-        lo = 50 * k
-        x, y = to_tensor(mnist.test_x[lo:lo + n_test]), torch.from_numpy(mnist.test_y[lo:lo + n_test]).long()
-        clients.append(Client(k, model, torch.optim.SGD(model.parameters(), lr=0.1), x[:1], y[:1], torch.arange(1),
-                              x, y, x[:0], y[:0]))
-    grouped = VectorizedExecutor(group_size=3).evaluate(LocalUpdate(params, mnist.num_classes), clients, [])
-    for c in clients:
-        acc, n = evaluate_model(c.model, c.x_test, c.y_test, 16)
-        assert grouped[c.id].n == n
-        assert grouped[c.id].acc["acc"] == pytest.approx(acc, nan_ok=True), c.id
-    assert any(0 < grouped[c.id].acc["acc"] < 1 for c in clients)  # not all trivially 0 or 1
-
-
 def test_the_vectorized_executor_trains_in_nhwc_and_evaluates_in_nchw(tiny_workspace, mnist):
     """pipeline/train/executors.py's TRAIN_CHANNELS_LAST: the layout that measured faster for each (the same
-    arithmetic either way; the conformance suite checks the results)."""
+    arithmetic either way; the conformance suite checks the results). Training runs the grouped network;
+    evaluation each client's own model, one client after another (bench/eval_speed.py measured it faster)."""
     from pipeline.train.executors import TRAIN_CHANNELS_LAST
 
     seen: dict[str, set[str]] = {"train": set(), "eval": set()}
 
     def hook(module, inputs):
-        if "Conv" in type(module).__name__ and type(module).__module__ == "models.grouped":
-            seen["train" if torch.is_grad_enabled() else "eval"].add(layout(inputs[0]))
+        if isinstance(module, torch.nn.Conv2d) or type(module).__name__ == "GroupedConv2d":
+            grouped = type(module).__module__ == "models.grouped"
+            phase = "train" if torch.is_grad_enabled() else "eval"
+            if grouped == (phase == "train"):  # the grouped network's steps; the clients' own models without grad
+                seen[phase].add(layout(inputs[0]))
 
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "fedcache", "vectorized")

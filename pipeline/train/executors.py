@@ -19,10 +19,10 @@ per-step hook (FedCache `live` / `step`) is a `StepHook` the engine supplies: it
 records the step's payloads in the ledger and asks the server half, its `end_step` tells the
 server half that every client took the step.
 
-Evaluation is a client task too (`LocalUpdate.evaluate`), run by the executor: the vectorized one
-batches the default evaluation (each client's own model) in grouped networks like training; a
-method's own readings, and the other executors, run it one client after another (dask in the
-flow's process, where the test splits are).
+Evaluation is a client task too (`LocalUpdate.evaluate`), run one client after another by every
+executor (dask in the flow's process, where the test splits are): batched across clients in grouped
+networks, as the vectorized executor did before, it measured slower or tied on every CPU kind and
+precision tried (bench/eval_speed.py, docs/executors.md).
 
 Every executor runs a step's forward + loss and every evaluation in `train.precision`
 (pipeline/train/precision.py: bfloat16 autocast or plain float32); what leaves a step is float32.
@@ -45,8 +45,8 @@ from pipeline.progress import BarFactory, no_bar
 from pipeline.train.lanes import lockstep, serialized
 from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
-# The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last), its
-# evaluation in NCHW: the same arithmetic in another summation order. Measured side by side on 2-core CPUs
+# The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last);
+# evaluation (each client's own model) runs in NCHW: the same arithmetic in another summation order. Measured side by side on 2-core CPUs
 # (bench/levers.py, docs/executors.md): NHWC trained faster on both CPU kinds and evaluated slower on both.
 TRAIN_CHANNELS_LAST = True
 
@@ -266,32 +266,6 @@ class GroupRun:
         return {c.id: (c, tg, per_client[c.id]) for c, tg in zip(self.clients, self.targets)}
 
 
-@torch.inference_mode()
-def grouped_accuracy(clients: list[Client], batch_size: int) -> dict[int, Evaluation]:
-    """The default evaluation (each client's own model on its own test split) of same-architecture
-    clients in one grouped network: each step takes the next rows of every client's test split
-    (about `batch_size` rows in all), so a round's evaluation costs a few large steps."""
-    from models.grouped import GroupedModel
-
-    clients = sorted(clients, key=lambda c: -len(c.y_test))  # the clients with rows left are a prefix
-    model = GroupedModel([c.model for c in clients])
-    model.eval()
-    per_client = max(1, batch_size // len(clients))
-    correct = [0] * len(clients)
-    for start in range(0, len(clients[0].y_test), per_client):
-        active = [c for c in clients if len(c.y_test) > start]
-        rows = [c.x_test[start:start + per_client] for c in active]
-        B = max(len(r) for r in rows)
-        x = torch.cat([torch.cat([r, r.new_zeros(B - len(r), *r.shape[1:])]) for r in rows])
-        model.set_step(len(active), B, None)  # eval mode: BatchNorm uses running statistics, padding rows are inert
-        pred = model(x).argmax(dim=1).view(len(active), B)
-        for a, c in enumerate(active):
-            y = c.y_test[start:start + per_client]
-            correct[a] += int((pred[a, :len(y)] == y).sum())
-    return {c.id: Evaluation(len(c.y_test), {"acc": correct[i] / len(c.y_test) if len(c.y_test) else float("nan")})
-            for i, c in enumerate(clients)}
-
-
 def _with_pad_row(parts: list[torch.Tensor]) -> torch.Tensor:
     table = torch.cat(parts)
     return torch.cat([table, torch.zeros_like(table[:1])])
@@ -356,17 +330,4 @@ class VectorizedExecutor:
         ended = local.end_all([finished[k] for k in selected if k not in alone], round_)
         return {k: finished_alone[k] if k in alone else ended[k] for k in selected}
 
-    def evaluate(self, local: LocalUpdate, clients: list[Client], download: list[Payload]) -> dict[int, Evaluation]:
-        """The default evaluation (each client's own model) batched like training: one grouped network per
-        group of same-architecture clients. A method's own readings run one client after another."""
-        from models.grouped import supports
-
-        if type(local).evaluate is not LocalUpdate.evaluate:
-            return evaluate(local, clients, download)
-        alone = [c for c in clients if supports(c.model) is not None]
-        out = evaluate(local, alone, download)
-        batch = local.params.train.eval_batch_size
-        for group in self.groups([c for c in clients if supports(c.model) is None]):
-            with autocast_for(local.params, group[0].x_test.device):
-                out.update(grouped_accuracy(group, batch))
-        return {c.id: out[c.id] for c in clients}
+    evaluate = staticmethod(evaluate)  # one client after another (the module's docstring says why)
