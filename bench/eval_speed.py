@@ -8,9 +8,9 @@
 The setting is params.yaml's: K = 20 clients x 100 FashionMNIST samples (their test splits: the whole test set, their
 validation splits: as many as their training samples), ResNet-8, evaluation batch 512, torch threads = every core.
 FedCache trains on the vectorized executor (bench/torch_harness.py), and as in a training stage every evaluation
-follows a training round: the first evaluation after a round costs more than a second one would (measured: 1.55 s,
-then 1.17 s, in a stage's setting), so evaluating the same weights again and again flatters the one-client-at-a-time
-way. Each repeat trains a round before each way's evaluation of both splits of every client; the ways take turns
+follows a training round: at oneDNN's default primitive cache the first evaluation after a round cost more than a
+second one (1.55 s, then 1.17 s, in a stage's setting: its kernels compiled again; pipeline/train/engine.py now keeps
+them), so evaluating the same weights again and again would measure something a stage does not do. Each repeat trains a round before each way's evaluation of both splits of every client; the ways take turns
 first (so a machine that drifts drifts for all of them alike), --repeats times, in each precision `auto` can choose
 here:
 

@@ -153,7 +153,7 @@ def evaluate_with(client: "Client", state: dict[str, torch.Tensor], batch_size: 
     return evaluate_model(client.model, client.x_test, client.y_test, batch_size, tensors)[0]
 
 
-# no autograd graph (inference_mode: nor version counters; as fast as no_grad or faster, bench/eval_speed.py)
+# no autograd graph (inference_mode: nor version counters; measured alike with no_grad, bench/eval_speed.py)
 @torch.inference_mode()
 def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
                    tensors: dict[str, torch.Tensor] | None = None) -> tuple[float, int]:

@@ -21,8 +21,8 @@ server half that every client took the step.
 
 Evaluation is a client task too (`LocalUpdate.evaluate`), run one client after another by every
 executor (dask in the flow's process, where the test splits are): batched across clients in grouped
-networks, as the vectorized executor did before, it measured slower or tied on every CPU kind and
-precision tried (bench/eval_speed.py, docs/executors.md).
+networks, as the vectorized executor did before, it measured slower on every CPU kind and precision
+tried (bench/eval_speed.py, docs/executors.md).
 
 Every executor runs a step's forward + loss and every evaluation in `train.precision`
 (pipeline/train/precision.py: bfloat16 autocast or plain float32); what leaves a step is float32.
