@@ -10,9 +10,9 @@ validation splits: as many as their training samples), ResNet-8, evaluation batc
 FedCache trains on the vectorized executor (bench/torch_harness.py), and as in a training stage every evaluation
 follows a training round: at oneDNN's default primitive cache the first evaluation after a round cost more than a
 second one (1.55 s, then 1.17 s, in a stage's setting: its kernels compiled again; pipeline/train/engine.py now keeps
-them), so evaluating the same weights again and again would measure something a stage does not do. Each repeat trains a round before each way's evaluation of both splits of every client; the ways take turns
-first (so a machine that drifts drifts for all of them alike), --repeats times, in each precision `auto` can choose
-here:
+them), so evaluating the same weights again and again would measure something a stage does not do. Each repeat trains
+a round before each way's evaluation of both splits of every client; the ways take turns first (so a machine that
+drifts drifts for all of them alike), --repeats times, in each precision `auto` can choose here:
 
   one client at a time       the library's (pipeline/train/executors.py `evaluate`, every executor): each client's
                              own model on its own split, under inference_mode (pipeline/federation/clients.py)
@@ -25,9 +25,9 @@ here:
 Seconds (evaluation only, not the rounds) are the median and the best of the repeats; the speed-up is the batched
 way's median over each way's. Every way must give every client the accuracy the library gives it (the same model on
 the same rows; a way whose summation order flips an argmax would show here): after the timed repeats each way
-evaluates the last round's weights once more, untimed, and the table says whether they agree. The result file names the CPU
-and the kernels torch ran (ATen's CPU capability, and oneDNN's cap when ONEDNN_MAX_CPU_ISA sets one, e.g. the AVX2
-kernels on a CPU that has AVX-512, as a stand-in for an AVX2-only CPU).
+evaluates the last round's weights once more, untimed, and the table says whether they agree. The result file names
+the CPU and the kernels torch ran (ATen's CPU capability, and oneDNN's cap when ONEDNN_MAX_CPU_ISA sets one, e.g. the
+AVX2 kernels on a CPU that has AVX-512, as a stand-in for an AVX2-only CPU).
 """
 
 from __future__ import annotations
@@ -182,11 +182,13 @@ def measure(repeats: int, threads: int, synthetic: bool) -> dict:
 
 def table(result: dict) -> str:
     head = result["header"]
-    lines = [machine_line(head) + f"K = {head['clients']}, {head['test_rows']:,} test and {head['val_rows']:,} validation rows in all, "
+    lines = [machine_line(head) + f"K = {head['clients']}, {head['test_rows']:,} test and {head['val_rows']:,} "
+             "validation rows in all, "
              f"ResNet-8, a FedCache round before each evaluation; {head['repeats']} repeats, interleaved; measured "
              f"{head['date']} "
              f"with `{head['command']}`.", "",
-             "| precision | evaluation | s (median / best) | speed-up vs batched | mean test acc | same acc as the library |",
+             "| precision | evaluation | s (median / best) | speed-up vs batched | mean test acc "
+             "| same acc as the library |",
              "|---|---|---|---|---|---|"]
     for precision in dict.fromkeys(r["precision"] for r in result["rows"]):
         rows = [r for r in result["rows"] if r["precision"] == precision]

@@ -424,7 +424,8 @@ WHAT_EACH_DOES = {  # for the docs section: what a lever changes (this module's 
     "eval": ("evaluation under no_grad instead of inference_mode, batch 256 or 2048 instead of 512, or batched across "
              "clients instead of one client at a time (a file measured before evaluation went one client at a time, as "
              "both tables below are, has the batched way as its baseline and today's way, under no_grad, as its "
-             "row \"one client at a time (no_grad)\"); the training is the baseline's, so its round speed-up shows the run-to-run noise"),
+             "row \"one client at a time (no_grad)\"); the training is the baseline's, so its round speed-up shows "
+             "the run-to-run noise"),
     "loss": "FedCache's distillation term as one F.kl_div call, or torch.compile'd into one kernel",
     "precision": "train.precision: bfloat16 autocast against float32",
     "startup": ("each part of a stage's start, in fresh processes; torch's first optimizer imports torch._dynamo, so "

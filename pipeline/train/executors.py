@@ -46,8 +46,9 @@ from pipeline.train.lanes import lockstep, serialized
 from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
 # The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last);
-# evaluation (each client's own model) runs in NCHW: the same arithmetic in another summation order. Measured side by side on 2-core CPUs
-# (bench/levers.py, docs/executors.md): NHWC trained faster on both CPU kinds and evaluated slower on both.
+# evaluation (each client's own model) runs in NCHW: the same arithmetic in another summation order. Measured side
+# by side on 2-core CPUs (bench/levers.py, docs/executors.md): NHWC trained faster on both CPU kinds and evaluated
+# slower on both.
 TRAIN_CHANNELS_LAST = True
 
 Exchange = Callable[[int, dict[int, Payload]], dict[int, Payload]]
