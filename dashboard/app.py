@@ -257,6 +257,7 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
     """The open tab's content, under the notices about the data read (stale, no rounds yet, when read,
     set-ups that differ). Run as a fragment inside that tab (a widget there reruns it alone); the whole page
     reruns when the results change (watch)."""
+    tab_to_url(tab)
     try:
         snap, stale = read_snapshot(cfg, ids)
     except data.ResultsDamaged as err:
@@ -301,20 +302,26 @@ def live_views(cfg: Config, ids: list[str], known_runs: set[str], include_setup:
             view_params(snap, ids, cfg.run_files_dir)
 
 
-def _tab_to_url() -> None:
-    """A tab clicked: written into the URL (?tab=Cache), so a link opens the view on that tab."""
-    st.query_params["tab"] = st.session_state["tab"]
+def tab_to_url(tab: str) -> None:
+    """The open tab into the URL (?tab=Cache), so a link opens the view on it; at every run of the tab's content,
+    not only when a tab is clicked: each request resets the server's query parameters to the address the browser
+    sent it with, so a request that left before a click's new address arrived (an auto-refresh check that then
+    reruns the page) wrote the old tab back, and the URL named a tab that was not open. The first tab is left
+    out of a URL that names none (no tab: the first)."""
+    if tab != TABS[0] or "tab" in st.query_params:
+        st.query_params["tab"] = tab
 
 
 def open_tabs() -> list:
     """The tabs, stateful (only the open one's content runs; its label is st.session_state["tab"]). A link
-    may name the tab to open (?tab=Cache); a click writes its tab back there. Not bound to the URL
-    (bind="query-params"): the tabs sit outside the auto-refreshing fragment, so its reruns never register
-    them again, and a click is a plain widget change, not a URL change racing a rerun."""
+    may name the tab to open (?tab=Cache); the open tab's content writes it back there (tab_to_url). Not bound
+    to the URL (bind="query-params"): the tabs sit outside the auto-refreshing fragment, so its reruns never
+    register them again, and a click is a plain widget change, not a URL change racing a rerun."""
     if "tab" not in st.session_state:  # the widget's id depends on its default: kept while the tabs are on screen
         opened = st.query_params.get("tab")
         st.session_state["_tab_default"] = opened if opened in TABS else None
-    return st.tabs(TABS, default=st.session_state["_tab_default"], key="tab", on_change=_tab_to_url)
+    return st.tabs(TABS, default=st.session_state["_tab_default"], key="tab",
+                   on_change="rerun")  # stateful: a click reruns the page
 
 
 def hide_developer_toolbar() -> None:
