@@ -138,7 +138,9 @@ def click_tab(page, name: str, timeout_s: float = 60) -> None:
     `timeout_s`. Once, on a busy 2-core machine, a click was lost: a minute later the URL still named the tab before
     it. Streamlit can drop a widget change that arrives while a run_every fragment (the auto-refresh) reruns
     (streamlit/streamlit pull request 14064 describes the same drop), so this clicks again, as a user would, first
-    clicking another tab when the lost click left this one drawn as selected. A tab that never opens still fails."""
+    clicking another tab when the lost click left this one drawn as selected. A tab that never opens still fails.
+    (Part of that minute was the app's: a request that left before a click's new address arrived wrote the old tab
+    back into the URL; the open tab's content now writes it at every run, dashboard.app.tab_to_url.)"""
     from dashboard.app import TABS
 
     deadline = time.monotonic() + timeout_s
