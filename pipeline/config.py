@@ -180,7 +180,7 @@ class TrainParams(Section):
     # CPU with AMX (measured faster, tied on accuracy: docs/choices.md), float32 elsewhere
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     group_size: int = Field(32, ge=1)
-    # vectorized on the CPU, several groups: each step's groups side by side in lanes, in lockstep, worker threads of
+    # vectorized, groups in lockstep (FedCache `step`): each step's groups side by side in lanes, worker threads of
     # one torch thread each, rather than one after another on every torch thread (pipeline/train/lanes.py)
     side_by_side: bool = True
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster

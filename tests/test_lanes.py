@@ -1,7 +1,6 @@
 """Lockstep groups side by side (pipeline/train/lanes.py): how a step's groups are split into lanes, and that a
-FedCache round in lanes computes what the groups stepped in turn compute (float64, so only summation order can
-differ), with the groups really on worker threads of one torch thread each: with `step` consistency (a per-step
-exchange) and with `round` (groups that exchange nothing in the round)."""
+FedCache `step` round in lanes computes what the groups stepped in turn compute (float64, so only summation
+order can differ), with the groups really on worker threads of one torch thread each."""
 
 from __future__ import annotations
 
@@ -61,11 +60,11 @@ def mnist(small_mnist):
     return small_mnist
 
 
-def _fedcache_round(params, part, mnist, consistency: str, side_by_side: bool, name: str, threads: int):
-    """One round of FedCache in `consistency` on three groups (heterogeneous: one architecture a client) with
-    `threads` torch threads; what each group's steps ran on."""
+def _fedcache_step_round(params, part, mnist, side_by_side: bool, name: str, threads: int):
+    """One round of FedCache `step` on three groups (heterogeneous: one architecture a client) with `threads` torch
+    threads; what each group's steps ran on."""
     params = with_section(with_section(params, "train", threads=threads, executor="vectorized",
-                                       side_by_side=side_by_side), "fedcache", consistency=consistency)
+                                       side_by_side=side_by_side), "fedcache", consistency="step")
     trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
                       ResultsDB(paths.RESULTS_DB), hetero=True)
     seen: set[tuple[str, int]] = set()
@@ -85,13 +84,12 @@ def _fedcache_round(params, part, mnist, consistency: str, side_by_side: bool, n
     return trainer, seen
 
 
-@pytest.mark.parametrize("consistency", ["step", "round"])
-def test_a_round_in_lanes_computes_what_the_groups_in_turn_compute(tiny_workspace, mnist, float64, consistency):
+def test_a_step_round_in_lanes_computes_what_the_groups_in_turn_compute(tiny_workspace, mnist, float64):
     _, params, part = tiny_workspace
     threads = torch.get_num_threads()
     # in turn on one thread (two only contend with the other test worker; the groups' arithmetic is the same)
-    in_turn, turn_threads = _fedcache_round(params, part, mnist, consistency, False, f"in-turn-{consistency}", 1)
-    lanes, lane_threads = _fedcache_round(params, part, mnist, consistency, True, f"lanes-{consistency}", 2)
+    in_turn, turn_threads = _fedcache_step_round(params, part, mnist, False, "in-turn", threads=1)
+    lanes, lane_threads = _fedcache_step_round(params, part, mnist, True, "lanes", threads=2)
     assert torch.get_num_threads() == 2  # the run's own count, given back after the lanes
     torch.set_num_threads(threads)
 

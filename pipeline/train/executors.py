@@ -308,13 +308,10 @@ class VectorizedExecutor:
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}
         groups = self.groups(clients)
         finished: dict[int, tuple] = {}
-        # A per-step exchange must see every group's step s before any group's step s+1 (lockstep). Groups that
-        # exchange nothing in a round step in lockstep too where they may run side by side (lanes, on the CPU's
-        # threads): a group's arithmetic is the same either way. Otherwise a group trains its whole round alone,
-        # so only one grouped network is alive at a time.
-        side_by_side = (self.side_by_side and len(groups) > 1 and torch.get_num_threads() > 1
-                        and groups[0][0].x_train.device.type == "cpu")
-        batches = [groups] if local.uses_exchange or side_by_side else [[g] for g in groups]
+        # A per-step exchange must see every group's step s before any group's step s+1 (lockstep), and the
+        # groups of a step may run side by side (lanes); otherwise a group trains its whole round alone, so only
+        # one grouped network is alive at a time.
+        batches = [groups] if local.uses_exchange else [[g] for g in groups]
         with self.bars(len(clients), "client") as progress:  # a group's clients are done when its last step is
             for together in batches:
                 # as many lanes as torch threads, on the CPU only (on a GPU the groups share one device: unmeasured)
