@@ -65,6 +65,15 @@ def test_fedavg_hetero_is_skipped_with_its_reason():
     assert "averages model parameters" in skipped[0]  # FedAvg's own declaration (pipeline/methods/fedavg/params.py)
 
 
+def test_the_paper_scale_cell_runs_once_more_in_the_default_step_consistency():
+    """FedCache `step` (params.yaml's) keeps every group's network alive for the round: its paper-scale memory is
+    measured too, once, and only where the grid has the paper-scale FedCache cell."""
+    cells, _ = scaling.plan((20, 300), ["homo", "hetero"], ["fedcache"])
+    assert cells[-1] == (scaling.STEP, "hetero", 300) and [c for c in cells if c[0] == scaling.STEP] == [cells[-1]]
+    assert scaling.STEP not in {c[0] for c in scaling.plan((20, 300), ["homo"], ["fedcache", "fedavg"])[0]}
+    assert scaling.STEP not in {c[0] for c in scaling.plan((20, 300), ["homo", "hetero"], ["fedavg"])[0]}
+
+
 @pytest.mark.parametrize(("rss", "word"), [(3.2, "within 4 GiB"), (4.5, "over 4 GiB")])
 def test_paper_check(rss, word):
     line = scaling.paper_check([row(300, 54000, 1.0, rss=rss, models="hetero")], 200)
