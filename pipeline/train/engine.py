@@ -35,6 +35,7 @@ uninterrupted one would, whichever executor runs it.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -88,7 +89,32 @@ def keep_compiled_kernels(environ=os.environ) -> None:
     environ.setdefault(*PRIMITIVE_CACHE)
 
 
+# glibc lets threads that allocate take up to 8 malloc arenas a core, and memory freed into one arena is not reused by
+# another: with the lanes' worker threads (pipeline/train/lanes.py) stepping every group of a FedCache `step` round at
+# paper scale (K = 300, hetero), peak RSS was 3.87-4.20 GiB over five runs, over the 4 GiB bound in four. One arena a
+# core plus one (each lane, the main thread) measured 3.63-3.85 GiB (3 runs) with the official demo's round as fast
+# (38.9-42.4 s against 40.5-42.5); a single arena 3.51-3.70 GiB, but the demo's lanes then wait on its lock: 47.0-48.7 s
+# (bench/scaling.py's fedcache-step cell, bench/official_round.py's step row; 2 cores; docs/speed.md).
+MALLOC_ARENAS = ("MALLOC_ARENA_MAX", (os.cpu_count() or 1) + 1)
+M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def share_malloc_arenas(environ=os.environ) -> bool:
+    """At most MALLOC_ARENAS' count of malloc arenas for the process's threads, unless the environment sets
+    MALLOC_ARENA_MAX (glibc then reads it itself) or the C library has no such setting. Threads that allocate later
+    (the lanes) are bound by it. Returns whether it was set."""
+    if MALLOC_ARENAS[0] in environ:
+        return False
+    try:
+        libc = ctypes.CDLL(None)  # the process's own C library
+        libc.gnu_get_libc_version  # glibc's; another C library's mallopt would read -8 as something else
+        return bool(libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS[1]))
+    except (OSError, AttributeError):
+        return False
+
+
 keep_compiled_kernels()
+share_malloc_arenas()
 
 
 class Timer:
