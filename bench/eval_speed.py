@@ -142,6 +142,13 @@ def result_path(prefix: str) -> Path:
     return RESULTS / f"{prefix}-{cpu_slug()}-{kernels().split(',')[0].lower()}.json"
 
 
+def save_result(result: dict, path: Path) -> None:
+    """A bench's result file (the docs render from it), and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def measure(repeats: int, threads: int, synthetic: bool) -> dict:
     import torch_harness as h
 
@@ -227,10 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                               "bench/eval_speed.py --docs")
     result = measure(args.repeats, args.threads, args.synthetic)
     print(table(result))
-    path = args.json or result_path("eval")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}")
+    save_result(result, args.json or result_path("eval"))
     return 0
 
 

@@ -144,12 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = measure(args.repeats, args.rounds, args.threads, args.synthetic)
     print(table(result))
-    from eval_speed import result_path
+    from eval_speed import result_path, save_result
 
-    path = args.json or result_path("primitive-cache")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {path}")
+    save_result(result, args.json or result_path("primitive-cache"))
     return 0
 
 
