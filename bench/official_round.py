@@ -23,8 +23,8 @@ their total, for three rows, each run in its own process (its threads and memory
                after it.
   ours, round  the same with `round` consistency (the executors' benchmark's FedCache).
   ours, step, float32   where the default precision resolved to bfloat16: the default row once more in float32.
-  ours, step, ..., groups in turn   where the default steps its groups side by side (train.side_by_side, in lanes
-               of one core each: pipeline/train/lanes.py): the default row once more with them one after another.
+  ours, ..., groups in turn   where the groups run side by side (train.side_by_side, in lanes of one core each:
+               pipeline/train/lanes.py): the default and `round` rows once more with them one after another.
 
 Like with like: the official round includes its evaluation of every client, so the speed-up is given on the
 totals (train + eval) and on train only. Both sides train on every one of the 60,000 images (our partition
@@ -271,11 +271,12 @@ def run_ours(consistency: str, precision: str, rounds: int, threads: int | None,
 def ours_runs(consistency: str, precision: str, side_by_side: bool) -> list[tuple[str, str, bool]]:
     """(consistency, precision, in turn) of our rows: the default first, in the default precision, then `round`
     (once if the default is `round`); where the default precision is not float32, the default once more in
-    float32, the reference arithmetic; where the default steps its groups side by side (train.side_by_side, `step`
-    consistency), the default once more with its groups in turn."""
-    runs = [(c, precision, False) for c in dict.fromkeys([consistency, "round"])]
+    float32, the reference arithmetic; where the groups run side by side (train.side_by_side: in lanes with either
+    consistency), the default and `round` once more with their groups in turn."""
+    both = list(dict.fromkeys([consistency, "round"]))
+    runs = [(c, precision, False) for c in both]
     runs += [(consistency, "float32", False)] if precision != "float32" else []
-    return runs + ([(consistency, precision, True)] if side_by_side and consistency == "step" else [])
+    return runs + ([(c, precision, True) for c in both] if side_by_side else [])
 
 
 # ------------------------------------------------------------------------------------------------- the table

@@ -180,8 +180,9 @@ class TrainParams(Section):
     # CPU with AMX (measured faster, tied on accuracy: docs/choices.md), float32 elsewhere
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     group_size: int = Field(32, ge=1)
-    # vectorized, groups in lockstep (FedCache `step`): each step's groups side by side in lanes, worker threads of
-    # one torch thread each, rather than one after another on every torch thread (pipeline/train/lanes.py)
+    # vectorized on the CPU: groups side by side in lanes, worker threads of one torch thread each, rather than one
+    # after another on every torch thread: in lockstep (FedCache `step`), or, where the groups' architectures differ,
+    # each group's round alone (pipeline/train/lanes.py, VectorizedExecutor.lanes)
     side_by_side: bool = True
     dask_address: str | None = None  # a running Dask scheduler (tcp://host:8786); None: a local cluster
     dask_workers: int | None = Field(None, ge=1)  # the local cluster's worker processes; None: one per core

@@ -42,7 +42,7 @@ from pipeline.federation.contract import Evaluation, LocalUpdate, Phase, Step, U
 from pipeline.federation.clients import Client, phase_batches
 from pipeline.federation.ledger import Payload
 from pipeline.progress import BarFactory, no_bar
-from pipeline.train.lanes import lockstep, serialized
+from pipeline.train.lanes import each_alone, lockstep, serialized
 from pipeline.train.precision import as_float32, autocast_for, autocast_off
 
 # The vectorized executor's training steps run the grouped network's activations in NHWC (channels_last);
@@ -293,6 +293,18 @@ class VectorizedExecutor:
             out += [members[i:i + self.group_size] for i in range(0, len(members), self.group_size)]
         return out
 
+    def lanes(self, groups: list[list[Client]], uses_exchange: bool) -> int:
+        """How many groups train side by side (train.side_by_side; pipeline/train/lanes.py): as many as torch
+        threads, on the CPU only (on a GPU the groups share one device: unmeasured). A per-step exchange steps
+        every group in lockstep, in lanes. Without one, each group trains its round alone, and side by side only
+        where the groups differ in architecture: measured faster there (bench/official_round.py's `round` row,
+        bench/scaling.py's hetero cells) and slower for chunks of one architecture (its homo K = 100 cell)."""
+        if not (self.side_by_side and groups and groups[0][0].x_train.device.type == "cpu"):
+            return 1
+        if not uses_exchange and len({architecture(g[0].model) for g in groups}) == 1:
+            return 1
+        return min(len(groups), torch.get_num_threads())
+
     def run(self, local: LocalUpdate, clients: list[Client], downloads: dict[int, list[Payload]], round_: int,
             hook: StepHook) -> dict[int, Upload]:
         from models.grouped import supports
@@ -308,26 +320,38 @@ class VectorizedExecutor:
         targets = {c.id: local.begin(c, downloads[c.id], round_) for c in clients}
         groups = self.groups(clients)
         finished: dict[int, tuple] = {}
-        # A per-step exchange must see every group's step s before any group's step s+1 (lockstep), and the
-        # groups of a step may run side by side (lanes); otherwise a group trains its whole round alone, so only
-        # one grouped network is alive at a time.
-        batches = [groups] if local.uses_exchange else [[g] for g in groups]
+        lanes = self.lanes(groups, local.uses_exchange)
+        shared = serialized(exchange) if lanes > 1 else exchange
+        end_step = serialized(hook.end_step) if lanes > 1 else hook.end_step
         with self.bars(len(clients), "client") as progress:  # a group's clients are done when its last step is
-            for together in batches:
-                # as many lanes as torch threads, on the CPU only (on a GPU the groups share one device: unmeasured)
-                on_cpu = together[0][0].x_train.device.type == "cpu"
-                lanes = min(len(together), torch.get_num_threads()) if self.side_by_side and on_cpu else 1
-                shared = serialized(exchange) if lanes > 1 else exchange
-                runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, shared) for g in together]
+            if local.uses_exchange:
+                # a per-step exchange must see every group's step s before any group's step s+1: lockstep
+                runs = [GroupRun(g, [targets[c.id] for c in g], local, round_, shared) for g in groups]
                 for phase in local.phases(round_):
                     steps = max(run.plan(phase) for run in runs)
                     with lockstep(lanes) as step:
                         for s in range(steps):
                             step(runs, s)
-                            hook.end_step()
+                            end_step()
                 for run in runs:
                     finished.update(run.finish())
                     progress.update(len(run.clients))
+            else:
+                # each group trains its whole round alone, `lanes` groups at a time: at most that many grouped
+                # networks alive
+                def round_of(group: list[Client]) -> dict:
+                    run = GroupRun(group, [targets[c.id] for c in group], local, round_, shared)
+                    for phase in local.phases(round_):
+                        for s in range(run.plan(phase)):
+                            run.step(s)
+                            end_step()
+                    return run.finish()
+
+                jobs = [lambda g=g: round_of(g) for g in groups]
+                cost = [sum(c.num_train for c in g) * sum(p.numel() for p in g[0].model.parameters()) for g in groups]
+                for done in each_alone(jobs, cost, lanes):
+                    finished.update(done)
+                    progress.update(len(done))
         ended = local.end_all([finished[k] for k in selected if k not in alone], round_)
         return {k: finished_alone[k] if k in alone else ended[k] for k in selected}
 

@@ -1,26 +1,33 @@
-"""Lockstep groups side by side: each step's groups split into lanes, one worker thread and one torch thread each.
+"""Groups side by side: lanes, one worker thread and one torch thread each.
 
-The vectorized executor steps its grouped networks in lockstep when a method exchanges every step (FedCache's
-`step` consistency): group 1's step s, group 2's step s, ..., then the server's end of step s. At batch 8 a client
-one grouped step does not keep two cores busy, so several groups at once, each on one core, do more
-(bench/threads_per_group.py). The result does not depend on the order the groups take within a step: each
-reads the server as the previous step left it, and what it uploads lands at the end of the step; the engine's
-ledger counts bytes by client. The exchanges themselves are taken one at a time (a lock): the server half and
-the engine's bookkeeping are not written for threads.
+At batch 8 a client one grouped step does not keep two cores busy, so several groups at once, each on one core,
+do more (bench/threads_per_group.py). Two ways to share the lanes:
 
-Each lane's groups run on one torch thread, so a group's arithmetic does not depend on which lane or thread
-ran it; a step with one group left runs it on the caller's thread with all its torch threads, as in turn.
+  lockstep     when a method exchanges every step (FedCache's `step` consistency): group 1's step s, group 2's
+               step s, ..., then the server's end of step s, each step's groups split into lanes of similar
+               work. The result does not depend on the order the groups take within a step: each reads the
+               server as the previous step left it, and what it uploads lands at the end of the step; the
+               engine's ledger counts bytes by client. A step with one group left runs it on the caller's thread
+               with all its torch threads, as in turn.
+  each_alone   otherwise: each group's whole round is one job, and the lanes take the jobs one at a time, the
+               costliest first, so at most one grouped network a lane is alive.
+
+The exchanges themselves are taken one at a time (a lock, `serialized`): the server half and the engine's
+bookkeeping are not written for threads. Each lane runs on one torch thread, so a group's arithmetic does not
+depend on which lane or thread ran it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class Steppable(Protocol):
@@ -82,4 +89,23 @@ def lockstep(lanes: int) -> Iterator[Callable[[Sequence[Steppable], int], None]]
     finally:
         pool.shutdown(wait=True)
         # torch.set_num_threads also sets the count threads started later begin with: this thread's count again
+        torch.set_num_threads(threads)
+
+
+def each_alone(jobs: Sequence[Callable[[], T]], cost: Sequence[int], lanes: int) -> Iterator[T]:
+    """Independent jobs (a group's whole round each), at most `lanes` at once on worker threads of one torch
+    thread each, the costliest first; yields each job's result as it finishes. One lane: in turn on this thread."""
+    order = sorted(range(len(jobs)), key=lambda i: -cost[i])
+    if lanes == 1 or len(jobs) == 1:
+        for i in order:
+            yield jobs[i]()
+        return
+    threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(lanes, thread_name_prefix="lane", initializer=torch.set_num_threads, initargs=(1,))
+    try:
+        futures = [pool.submit(jobs[i]) for i in order]  # the pool takes them in this order, one a free lane
+        for future in as_completed(futures):
+            yield future.result()  # a job's error is raised here
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)
