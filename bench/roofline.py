@@ -25,7 +25,9 @@ the partition, encode and index stages run in bench/.work/roofline/<setting>/) a
   the rest  torch.profiler over one more round: each op's self CPU time by op class (convolution, batch norm,
             linear/matmul, optimizer, loss/softmax, data movement, other ops), and Python/other = the round's
             wall time minus all profiled op time (the interpreter, the engine's own code, the profiler's
-            overhead between ops); shares of the profiled round's wall time.
+            overhead between ops); shares of the profiled round's wall time. The profiled round runs the
+            vectorized executor's groups one after another (train.side_by_side off), so that its ops are
+            profiled on one thread; the timed rounds run them as params.yaml says.
 
 FedCache runs with `round` consistency on both executors (params.yaml's `step` needs the vectorized one; the two
 compute the same thing in `round`, as bench/executors.py measures them). Each executor runs `--warmup` untimed
@@ -341,6 +343,22 @@ def streaming_profile(every: int = 32):
             yield totals, overhead
 
 
+@contextlib.contextmanager
+def groups_in_turn(executor):
+    """The vectorized executor's groups one after another on this thread for the block (train.side_by_side off):
+    the profiler's cycles (prof.step at a group's step) and each event's parent follow one thread, and the op times
+    sum to no more than the wall time their shares are taken of."""
+    was = getattr(executor, "side_by_side", None)
+    if was is None:  # not the vectorized executor
+        yield
+        return
+    executor.side_by_side = False
+    try:
+        yield
+    finally:
+        executor.side_by_side = was
+
+
 # ------------------------------------------------------------------------------------------------ one executor
 
 def executor_params(params, executor: str, threads: int | None, precision: str = "fp32"):
@@ -400,7 +418,7 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
                "eval_s": best[1], "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": work,
                "batch": params.train.batch_size, "clients": len(trainer.sim.clients)}
         if profile:
-            with streaming_profile() as (totals, overhead):
+            with groups_in_turn(trainer.sim.executor), streaming_profile() as (totals, overhead):
                 start = time.perf_counter()
                 run_round(trainer, r + 1)
                 wall = time.perf_counter() - start - overhead[0]
@@ -473,7 +491,9 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
         lines += ["", "Self CPU time of each op (torch.profiler) by class; optimizer: everything inside an optimizer "
                   "step or zero_grad; data movement: copies, concatenation, indexing, padding, fills; Python/other: "
                   "the profiled round's wall time minus all op time (the interpreter, the engine, the profiler's "
-                  "own cost between ops). The profiler slows a round down, so its seconds exceed the timed ones."]
+                  "own cost between ops). The profiler slows a round down, so its seconds exceed the timed ones. "
+                  "The profiled round runs the vectorized executor's groups one after another on one thread "
+                  "(train.side_by_side off), where the timed rounds may run them side by side."]
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ fraction of the GEMM peak lying in (0, 1].
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -85,6 +86,31 @@ def test_a_tiny_round_on_every_executor(tiny_workspace, mnist):
         assert 0 < roofline.achieved(r, peak) <= 1
         assert "Roofline" in roofline.markdown({"cpu": "a CPU", "date": "today", "batch": 8, "command": "python"},
                                                {(1, "fp32"): peak, (1, "bf16"): None}, {"quick": [r]}, 256)
+
+
+@pytest.mark.slow  # two rounds of three groups, one profiled: the end-to-end tier
+def test_the_profiled_round_runs_the_groups_in_turn_where_the_timed_ones_run_them_side_by_side(tiny_workspace,
+                                                                                               mnist):
+    from pipeline.train import executors
+
+    _, params, part = tiny_workspace
+    seen: set[tuple[str, bool]] = set()
+    step = executors.GroupRun.step
+
+    def watched(run, s):
+        seen.add((threading.current_thread().name.split("_")[0], torch.autograd._profiler_enabled()))
+        return step(run, s)
+
+    executors.GroupRun.step = watched
+    threads = torch.get_num_threads()
+    try:  # hetero: three architectures, so the timed round runs them in lanes (train.side_by_side)
+        r = roofline.measure_executor(params, part, mnist, "vectorized", hetero=True, threads=2, rounds=1, warmup=0)
+    finally:
+        executors.GroupRun.step = step
+        torch.set_num_threads(threads)
+    assert ("lane", False) in seen  # timed
+    assert {name for name, profiled in seen if profiled} == {"MainThread"}  # profiled: in turn on one thread
+    assert r["shares"]["Python/other"] > 0 and r["profiled_s"] > 0
 
 
 def test_a_rounds_counted_flops_are_the_per_sample_figures_times_its_samples(tiny_workspace, mnist):
