@@ -1,7 +1,8 @@
 """Groups side by side (pipeline/train/lanes.py): how a step's groups are split into lanes, how groups that train
 their rounds alone share the lanes, and that a FedCache round in lanes computes what the groups in turn compute
 (float64, so only summation order can differ), with the groups really on worker threads of one torch thread each:
-in `step` consistency (lockstep) and in `round` (each group's round alone, at most one a lane alive)."""
+in `step` consistency (lockstep) and in `round` (each group's round alone, at most one a lane alive); no grouped
+step leaves its gradients behind."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def _fedcache_round(params, part, mnist, consistency: str, side_by_side: bool, n
     trainer = Trainer(params, REGISTRY["fedcache"], part, mnist, paths.RUNS / name, paths.CHECKPOINTS / f"{name}.pt",
                       ResultsDB(paths.RESULTS_DB), hetero=True)
     seen: set[tuple[str, int]] = set()
-    alive, most = [0], [0]
+    alive, most, kept_gradients = [0], [0], [False]
     lock = threading.Lock()
     init, step, finish = executors.GroupRun.__init__, executors.GroupRun.step, executors.GroupRun.finish
 
@@ -139,7 +140,10 @@ def _fedcache_round(params, part, mnist, consistency: str, side_by_side: bool, n
         if run.active(s):
             with lock:
                 seen.add((threading.current_thread().name.split("_")[0], torch.get_num_threads()))
-        return step(run, s)
+        out = step(run, s)
+        if any(p.grad is not None for _, p in run.model.named_grouped_parameters()):
+            kept_gradients[0] = True  # a group waiting for the others' steps would hold them
+        return out
 
     def watched_finish(run):
         with lock:
@@ -153,6 +157,7 @@ def _fedcache_round(params, part, mnist, consistency: str, side_by_side: bool, n
         trainer.run_round(1)
     finally:
         executors.GroupRun.__init__, executors.GroupRun.step, executors.GroupRun.finish = init, step, finish
+    assert not kept_gradients[0], "a grouped step left its gradients behind"
     return trainer, seen, most[0]
 
 

@@ -227,9 +227,11 @@ class GroupRun:
         if mask is not None:
             rows = rows * mask.to(rows.device, rows.dtype)
         per_client = rows.sum(dim=1) / sizes.to(rows.device, rows.dtype)
-        self.opt.zero_grad()
         per_client.sum().backward()
         self.opt.step(A, self.phase.trainable)
+        # the gradients go as soon as they are used: in lockstep every group waits for the others' steps, and its
+        # gradients, as large as its weights, would wait with it
+        self.opt.zero_grad()
 
     def _exchange(self, payload: Payload, A: int, B: int, sizes: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split a step's per-row payload by client, run the hook, lay the answers out as rows again."""
