@@ -80,9 +80,9 @@ def test_jobs_alone_run_at_most_one_a_lane_the_costliest_first_and_each_result_c
     assert sorted(name for name, _, _ in out) == sorted(names)
     assert started[:2] in (["big", "mid"], ["mid", "big"]) and started[2:] == ["small", "tiny"]
     assert most[0] == 2 and {(t, n) for _, t, n in out} == {("lane", 1)}
-    # one lane: in turn on the caller's thread, the costliest first, with its own thread count
-    alone = list(each_alone([job(n) for n in ["small", "tiny"]], [2, 1], lanes=1))
-    assert [(name, t) for name, t, _ in alone] == [("small", "MainThread"), ("tiny", "MainThread")]
+    # one lane: in turn on the caller's thread, in the order given, with its own thread count
+    alone = list(each_alone([job(n) for n in ["tiny", "small"]], [1, 2], lanes=1))
+    assert [(name, t) for name, t, _ in alone] == [("tiny", "MainThread"), ("small", "MainThread")]
 
 
 def test_a_jobs_error_is_raised_to_the_caller():

@@ -94,12 +94,13 @@ def lockstep(lanes: int) -> Iterator[Callable[[Sequence[Steppable], int], None]]
 
 def each_alone(jobs: Sequence[Callable[[], T]], cost: Sequence[int], lanes: int) -> Iterator[T]:
     """Independent jobs (a group's whole round each), at most `lanes` at once on worker threads of one torch
-    thread each, the costliest first; yields each job's result as it finishes. One lane: in turn on this thread."""
-    order = sorted(range(len(jobs)), key=lambda i: -cost[i])
+    thread each, the costliest first; yields each job's result as it finishes. One lane: in turn on this thread,
+    in the order given (as the executor ran its groups before lanes)."""
     if lanes == 1 or len(jobs) == 1:
-        for i in order:
-            yield jobs[i]()
+        for job in jobs:
+            yield job()
         return
+    order = sorted(range(len(jobs)), key=lambda i: -cost[i])
     threads = torch.get_num_threads()
     pool = ThreadPoolExecutor(lanes, thread_name_prefix="lane", initializer=torch.set_num_threads, initargs=(1,))
     try:
