@@ -37,8 +37,8 @@ FedCache runs with `round` consistency (both executors compute the same thing; p
 vectorized one). The paper-scale cell (K = 300, hetero) runs once more as `fedcache-step`, in params.yaml's `step`:
 its per-step exchange steps every group in lockstep, so every group's grouped network is alive for the round,
 where `round` trains each group's round alone (heterogeneous: one group a core at a time, train.side_by_side);
-the memory check covers both. With --rounds 1 (the default) the timed round is also the process's first, one-time kernel
-set-up included; that cost is the same at every K, so it shows as a fixed cost that flatters large K: --rounds 2
+the memory check covers both. With --rounds 1 (the default) the timed round is also the process's first, one-time
+kernel set-up included; that cost is the same at every K, so it shows as a fixed cost that flatters large K: --rounds 2
 times a warm round (twice the rounds). Threads: the executor's own default (every core vectorized, 1
 sequential) unless --threads.
 

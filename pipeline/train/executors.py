@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from functools import partial
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -154,6 +155,12 @@ def architecture(model: torch.nn.Module) -> tuple:
     return (type(model).__name__, tuple((n, tuple(p.shape)) for n, p in model.named_parameters()))
 
 
+def step_cost(model: torch.nn.Module) -> int:
+    """One client's step's work, for balancing lanes (pipeline/train/lanes.py): its parameter count, about in
+    proportion to its FLOPs for models of one family."""
+    return sum(p.numel() for p in model.parameters())
+
+
 class GroupRun:
     """One group of same-architecture clients training together for one round."""
 
@@ -168,7 +175,7 @@ class GroupRun:
         self.clients = [clients[i] for i in order]
         self.targets = [targets[i] for i in order]
         self.model = GroupedModel([c.model for c in self.clients], channels_last=TRAIN_CHANNELS_LAST)
-        self._client_cost = sum(p.numel() for p in self.clients[0].model.parameters())
+        self._client_cost = step_cost(self.clients[0].model)
         self.model.load_from([c.model for c in self.clients], [c.optimizer for c in self.clients])
         self.opt = GroupedSGD(self.model, t.lr, t.momentum, t.weight_decay)
         # every client's samples in one table, plus one padding row at the end
@@ -202,8 +209,7 @@ class GroupRun:
         return int((self.num_steps > s).sum())
 
     def cost(self) -> int:
-        """One client's step's work, for balancing lanes (pipeline/train/lanes.py): its parameter count, about in
-        proportion to its FLOPs for models of one family."""
+        """One client's step's work (step_cost)."""
         return self._client_cost
 
     def step(self, s: int) -> None:
@@ -349,9 +355,8 @@ class VectorizedExecutor:
                             end_step()
                     return run.finish()
 
-                jobs = [lambda g=g: round_of(g) for g in groups]
-                cost = [sum(c.num_train for c in g) * sum(p.numel() for p in g[0].model.parameters()) for g in groups]
-                for done in each_alone(jobs, cost, lanes):
+                cost = [sum(c.num_train for c in g) * step_cost(g[0].model) for g in groups]
+                for done in each_alone([partial(round_of, g) for g in groups], cost, lanes):
                     finished.update(done)
                     progress.update(len(done))
         ended = local.end_all([finished[k] for k in selected if k not in alone], round_)
