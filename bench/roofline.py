@@ -3,6 +3,7 @@
     .venv/bin/python bench/roofline.py                                  # default and demo, both executors (idle machine)
     .venv/bin/python bench/roofline.py --settings default --threads 2   # every executor on 2 torch threads
     .venv/bin/python bench/roofline.py --quick                          # a small setting: a smoke test, minutes
+    python3 bench/roofline.py --device cuda --executors vectorized      # a GPU: demo and paper (bench/gpu_check.sh)
 
 For each setting (`default`: params.yaml, K = 20 clients x 100 FashionMNIST samples, ResNet-8; `demo`: the
 official FedCache code's demo, K = 20 over all 60,000 samples with A1/A2/A3 = ResNet-8/16/20 by client index,
@@ -34,6 +35,12 @@ compute the same thing in `round`, as bench/executors.py measures them). Each ex
 rounds, then `--rounds` timed ones (the best is reported), then the profiled one. Threads: the executor's own
 default (1 sequential, every core vectorized: params.yaml's train.threads null) unless --threads.
 
+--harness (implied by --device cuda) builds the rounds with bench/torch_harness.py instead of the stages: torch and
+numpy only, as on a bare GPU machine; settings `demo` (the same official demo), `paper` (K = 300 over all 60,000
+samples, ResNet-20) and --quick's. On a GPU every timed part ends when the GPU has run it, the peak GEMMs run on it (fp32
+in the TF32 mode cuDNN's convolutions use by default), and the profile sorts the GPU time of the kernels each op
+launched (the rest of the round: the GPU idle).
+
 Prints Markdown tables and writes them to bench/results/roofline-<cpu>.md, a file the docs can include (--quick:
 bench/.work/roofline/, not the results folder). The demo's figures were measured apart, into
 bench/results/roofline-demo-<cpu>.md (`--settings demo --precisions fp32 --out ...`): without bf16 units its
@@ -50,6 +57,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import functools
 import os
 import platform
 import re
@@ -99,6 +107,11 @@ SETTINGS: dict[str, tuple[str, Any, bool]] = {
 }
 
 
+# every setting's line in the tables: the stages' (SETTINGS) and the torch-only harness's (HARNESS_SETTINGS)
+DESCRIPTIONS = {**{name: desc for name, (desc, _, _) in SETTINGS.items()},
+                "paper": "the paper's: K=300 over all 60,000 FashionMNIST samples, ResNet-20 on every client"}
+
+
 # ------------------------------------------------------------------------------------------------ the machine
 
 def bf16_units(flags: set[str] | frozenset[str] | None = None) -> str | None:
@@ -118,6 +131,18 @@ EMULATED_ROWS = ("Without bf16 units the bf16 rows set emulated convolutions (on
                  "of the two, not that the round beat the hardware.")
 
 
+GPU_PEAK = ("On a GPU the fp32 GEMM runs in the math mode of cuDNN's fp32 convolutions (TF32 tensor cores where "
+            "torch.backends.cudnn.allow_tf32, torch's default), their ceiling.")
+CPU_PROFILE = ("Self CPU time of each op (torch.profiler) by class; optimizer: everything inside an optimizer step or "
+               "zero_grad; data movement: copies, concatenation, indexing, padding, fills; Python/other: the profiled "
+               "round's wall time minus all op time (the interpreter, the engine, the profiler's own cost between "
+               "ops).")
+GPU_PROFILE = ("GPU time of the kernels each op launched (torch.profiler's self device time) by class; optimizer: "
+               "everything inside an optimizer step or zero_grad; data movement: copies, concatenation, indexing, "
+               "padding, fills; Python/other: the profiled round's wall time minus all kernel time, the GPU idle "
+               "(waiting for the Python and the launches that feed it, host-device copies, the profiler's own cost).")
+
+
 def precision_label(precision: str, units: str | None) -> str:
     """A table's precision cell: bf16 says when it ran without bf16 units."""
     return f"{precision} ({NO_UNITS})" if precision == "bf16" and not units else precision
@@ -134,24 +159,43 @@ def cpu_slug() -> str:
     return f"{slug}-{os.cpu_count()}cpu"
 
 
-def gemm_peak(threads: int, dtype: torch.dtype = torch.float32, n: int = 4096, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` n x n x n matrix products (2 n^3 FLOPs each) on `threads` torch threads."""
+def synchronizer(device: str):
+    """What waits for `device`'s queued work (a GPU runs ahead of the Python that launches it); nothing on a CPU."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def gemm_peak(threads: int, dtype: torch.dtype = torch.float32, n: int = 4096, repeats: int = 5,
+              device: str = "cpu") -> float:
+    """FLOP/s of the best of `repeats` n x n x n matrix products (2 n^3 FLOPs each) on `threads` torch threads, on
+    `device`. On a GPU the fp32 product runs in the math mode cuDNN's convolutions run in (TF32 tensor cores where
+    torch.backends.cudnn.allow_tf32, its default), so the rounds' fp32 convolutions are set against their own
+    ceiling."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    sync = synchronizer(device)
+    cuda = torch.device(device).type == "cuda"
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
     try:
         gen = torch.Generator().manual_seed(0)
-        a = torch.randn(n, n, generator=gen).to(dtype)
-        b = torch.randn(n, n, generator=gen).to(dtype)
-        out = torch.empty(n, n, dtype=dtype)
+        a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+        b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+        out = torch.empty(n, n, dtype=dtype, device=device)
         torch.mm(a, b, out=out)  # warm-up: the kernel's first call, the pages of `out`
+        per = 10 if cuda else 1  # a GPU's product takes well under a millisecond: time ten between two waits
         best = float("inf")
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
-            torch.mm(a, b, out=out)
-            best = min(best, time.perf_counter() - start)
+            for _ in range(per):
+                torch.mm(a, b, out=out)
+            sync()
+            best = min(best, (time.perf_counter() - start) / per)
         return 2.0 * n**3 / best
     finally:
         torch.set_num_threads(before)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 # ------------------------------------------------------------------------------------------------ the work
@@ -258,11 +302,18 @@ def op_class(name: str) -> str:
 
 class ClassTotals:
     """Self CPU seconds per op class, gathered cycle by cycle from a torch.profiler run (so a long round's events
-    are never all held at once)."""
+    are never all held at once). device_time: the GPU seconds of the kernels each op launched itself instead (its
+    self device time; the kernels' own events, which would count them twice, are left out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_time: bool = False) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.events = 0
+        self.device_time = device_time
+
+    def _self_seconds(self, ev) -> float:
+        if not self.device_time:
+            return ev.self_cpu_time_total / 1e6
+        return ev.self_device_time_total / 1e6 if ev.device_type == torch.autograd.DeviceType.CPU else 0.0
 
     def add(self, events) -> None:
         in_optimizer: dict[int, bool] = {}
@@ -276,7 +327,7 @@ class ClassTotals:
         for ev in events:
             if ev.name.startswith("ProfilerStep"):  # the span between two profiler steps: its self time is the gaps
                 continue
-            self.seconds["optimizer" if inside(ev) else op_class(ev.name)] += ev.self_cpu_time_total / 1e6
+            self.seconds["optimizer" if inside(ev) else op_class(ev.name)] += self._self_seconds(ev)
             self.events += 1
 
     def shares(self, wall: float) -> dict[str, float]:
@@ -308,18 +359,21 @@ def _labelled(label: str):
 
 
 @contextlib.contextmanager
-def streaming_profile(every: int = 32):
+def streaming_profile(every: int = 32, device: str = "cpu"):
     """torch.profiler over a block, its events folded into ClassTotals every `every` training steps (a step:
     Client.step on the sequential executor, a grouped step on the vectorized one). The vectorized optimizer
     (GroupedSGD, not a torch Optimizer) is labelled as torch labels its own optimizers. Yields (totals,
     overhead): `overhead[0]`, the seconds spent between cycles (stopping, folding, restarting), belong to no op
-    and are to be taken off the block's wall time."""
+    and are to be taken off the block's wall time. On a GPU the totals are the ops' kernel (device) times, and
+    each cycle ends once the GPU has run what was launched in it."""
     from models.grouped import GroupedSGD
     from pipeline.federation.clients import Client
     from pipeline.train.executors import GroupRun
 
-    totals, overhead, count = ClassTotals(), [0.0], [0]
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+    gpu = torch.device(device).type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
+    totals, overhead, count, sync = ClassTotals(device_time=gpu), [0.0], [0], synchronizer(device)
+    prof = torch.profiler.profile(activities=activities,
                                   schedule=lambda step: torch.profiler.ProfilerAction.RECORD_AND_SAVE,
                                   on_trace_ready=lambda p: totals.add(p.events()))
 
@@ -328,6 +382,7 @@ def streaming_profile(every: int = 32):
             out = fn(*args, **kwargs)
             count[0] += 1
             if count[0] % every == 0:
+                sync()  # the cycle's kernels run within the block's wall time, not its overhead
                 start = time.perf_counter()
                 prof.step()
                 overhead[0] += time.perf_counter() - start
@@ -428,6 +483,67 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
         trainer.close()
 
 
+# ------------------------------------------------------------------------------------------------ torch alone
+
+# roofline setting -> bench/torch_harness.py's (torch and numpy only: a bare GPU machine, bench/gpu_check.sh)
+HARNESS_SETTINGS = {"demo": "official", "paper": "paper", "quick": "quick"}
+
+
+def harness_round(sim, round_: int, device: str) -> tuple[float, float]:
+    """One round of a torch_harness Simulation, as run_round times a Trainer's: every client trains (downloads,
+    local training, uploads, aggregation), then every client is evaluated on its test and validation splits.
+    On a GPU each part ends when the GPU has run it. Returns (training seconds, evaluation seconds)."""
+    from pipeline.train.engine import Timer
+
+    sync = synchronizer(device)
+    sync()
+    start = time.perf_counter()
+    sim.run_round(round_, list(range(len(sim.clients))), Timer())
+    sync()
+    trained = time.perf_counter()
+    sim.evaluate(round_)
+    if any(len(c.y_val) for c in sim.clients):
+        sim.evaluate(round_, "val")
+    sync()
+    return trained - start, time.perf_counter() - trained
+
+
+def measure_harness(setting: str, executor: str, *, device: str = "cpu", threads: int | None = None,
+                    precision: str = "fp32", rounds: int = 1, warmup: int = 1, profile: bool = True,
+                    group_size: int = 32, synthetic: bool = False) -> dict:
+    """measure_executor's figures for FedCache (`round` consistency) built by bench/torch_harness.py on `device`:
+    no pipeline stage, no service library (the harness's hash and neighbours stand in for the stages', which
+    changes no round's cost)."""
+    import torch_harness as h
+
+    from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
+
+    threads = threads or default_threads(executor)
+    torch.set_num_threads(threads)
+    sim, _ = h.build(HARNESS_SETTINGS[setting], "round", device, group_size, synthetic, precision=KNOB[precision])
+    sim.executor = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(group_size)
+    splits = ("test", "val") if any(len(c.y_val) for c in sim.clients) else ("test",)
+    times, r = [], 0
+    for r in range(1, warmup + rounds + 1):
+        seconds = harness_round(sim, r, device)
+        if r > warmup:
+            times.append(seconds)
+    best = min(times, key=sum)
+    work = round_work(sim, r, splits)
+    out = {"executor": executor, "precision": precision, "threads": threads, "train_s": best[0], "eval_s": best[1],
+           "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": work,
+           "batch": sim.local.params.train.batch_size, "clients": len(sim.clients)}
+    if torch.device(device).type == "cuda":
+        out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        with groups_in_turn(sim.executor), streaming_profile(device=device) as (totals, overhead):
+            start = time.perf_counter()
+            harness_round(sim, r + 1, device)
+            wall = time.perf_counter() - start - overhead[0]
+        out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
+    return out
+
+
 def achieved(result: dict, peak: float) -> float:
     """The round's useful FLOPs a second as a fraction of `peak` FLOP/s."""
     return result["work"].total / result["round_s"] / peak
@@ -437,8 +553,9 @@ def achieved(result: dict, peak: float) -> float:
 
 def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: dict[str, list[dict]],
              gemm_n: int, bf16_gemm_n: int | None = None) -> str:
-    units = header.get("bf16_units")  # the CPU's bf16 instructions, None: none
-    lines = [f"# Roofline: FedCache rounds against the CPU's peak ({header['cpu']})", "",
+    units = header.get("bf16_units")  # the CPU's bf16 instructions (a GPU: its tensor cores), None: none
+    gpu = header.get("gpu", False)
+    lines = [f"# Roofline: FedCache rounds against the {'GPU' if gpu else 'CPU'}'s peak ({header['cpu']})", "",
              f"Measured {header['date']} with `{header['command']}`: torch {torch.__version__}, "
              f"{header['cpu']}; FedCache with `round` consistency, batch {header['batch']}. "
              "Round times are training + evaluation (test and validation splits), the best of the timed rounds; "
@@ -446,6 +563,7 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
              "or the optimizer.", "",
              f"## Peak: a {gemm_n} x {gemm_n} GEMM, best of the repeats", "",
              f"bf16 units: {units or EMULATED}.", "",
+             *([GPU_PEAK, ""] if gpu else []),
              *([f"The bf16 GEMM is {bf16_gemm_n} x {bf16_gemm_n}: {BF16_SMALLER}", ""]
                if bf16_gemm_n and bf16_gemm_n != gemm_n else []),
              "| torch threads | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|"]
@@ -462,7 +580,7 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
             continue
         w = runs[0]["work"]
         models = ", ".join(f"{m} {tr / 1e6:.2f} / {ev / 1e6:.2f}" for m, (tr, ev) in w.per_model.items())
-        lines.append(f"| {setting}: {SETTINGS[setting][0]} | {runs[0]['clients']} | {models} | {w.train_samples:,} | "
+        lines.append(f"| {setting}: {DESCRIPTIONS[setting]} | {runs[0]['clients']} | {models} | {w.train_samples:,} | "
                      f"{w.eval_samples:,} | {w.train_flops / 1e9:.2f} + {w.eval_flops / 1e9:.2f} = "
                      f"{w.total / 1e9:.2f} |")
     lines += ["", "## Achieved", "",
@@ -488,18 +606,23 @@ def markdown(header: dict, peaks: dict[tuple[int, str], float | None], results: 
             lines.append(f"| {setting} | {r['executor']} | {precision_label(r['precision'], units)} | "
                          f"{r['profiled_s']:.2f} | "
                          + " | ".join(f"{r['shares'][c]:.1%}" for c in OP_CLASSES) + " |")
-        lines += ["", "Self CPU time of each op (torch.profiler) by class; optimizer: everything inside an optimizer "
-                  "step or zero_grad; data movement: copies, concatenation, indexing, padding, fills; Python/other: "
-                  "the profiled round's wall time minus all op time (the interpreter, the engine, the profiler's "
-                  "own cost between ops). The profiler slows a round down, so its seconds exceed the timed ones. "
-                  "The profiled round runs the vectorized executor's groups one after another on one thread "
-                  "(train.side_by_side off), where the timed rounds may run them side by side."]
+        lines += ["", (GPU_PROFILE if gpu else CPU_PROFILE) + " The profiler slows a round down, so its seconds "
+                  "exceed the timed ones. The profiled round runs the vectorized executor's groups one after another "
+                  "on one thread (train.side_by_side off), where the timed rounds may run them side by side."]
     return "\n".join(lines) + "\n"
+
+
+def device_slug(device: str) -> str:
+    """The results file's name part: the CPU's (cpu_slug), or 'gpu-' and the GPU's model name."""
+    if torch.device(device).type != "cuda":
+        return cpu_slug()
+    return "gpu-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", nargs="+", choices=["default", "demo"], default=["default", "demo"])
+    ap.add_argument("--settings", nargs="+", choices=["default", "demo", "paper"], default=None,
+                    help="default: default and demo (with --harness: demo and paper)")
     ap.add_argument("--executors", nargs="+", choices=EXECUTORS, default=list(EXECUTORS))
     ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
                     help="train.precision of the rounds: fp32 (float32) and bf16 (bfloat16 autocast; emulated, so "
@@ -508,58 +631,80 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds before them")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of every executor (default: its own, 1 sequential, all cores vectorized)")
-    ap.add_argument("--gemm-n", type=int, default=4096, help="the peak GEMM's matrix size")
+    ap.add_argument("--gemm-n", type=int, default=None,
+                    help="the peak GEMM's matrix size (default 4096, 8192 on a GPU)")
     ap.add_argument("--bf16-gemm-n", type=int, default=None,
                     help="the bf16 peak GEMM's size (default: --gemm-n on a CPU with bf16 units, else 1024: the "
                          "emulated product is too slow at 4096)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled round")
     ap.add_argument("--quick", action="store_true", help="the small `quick` setting, a 1024 GEMM: a smoke test")
-    ap.add_argument("--out", type=Path, default=None, help="the Markdown file (default: bench/results/roofline-<cpu>.md)")
+    ap.add_argument("--device", default="cpu", help="where the rounds run: cpu, or cuda (implies --harness)")
+    ap.add_argument("--harness", action="store_true",
+                    help="build the rounds with bench/torch_harness.py (torch and numpy only: no stage, no service "
+                         "library), settings demo and paper (and --quick)")
+    ap.add_argument("--group-size", type=int, default=32, help="with --harness: clients per grouped network")
+    ap.add_argument("--synthetic", action="store_true", help="with --harness: random images of FashionMNIST's shape")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the Markdown file (default: roofline-<cpu>.md, roofline-gpu-<gpu>.md on a GPU, in --out-dir)")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results",
+                    help="the default file's folder (--quick: bench/.work/roofline)")
     args = ap.parse_args()
+    gpu = torch.device(args.device).type == "cuda"
+    harness = args.harness or gpu
+    settings = ["quick"] if args.quick else args.settings or (["demo", "paper"] if harness else ["default", "demo"])
+    wrong = [s for s in settings if s not in (HARNESS_SETTINGS if harness else SETTINGS)]
+    if wrong:
+        ap.error(f"setting {', '.join(wrong)}: "
+                 + ("with --harness (or a GPU) choose from demo, paper" if harness else "needs --harness"))
 
-    from workspace import deep_merge, load_workspace, prepare_workspace
-
-    settings = ["quick"] if args.quick else args.settings
-    gemm_n = 1024 if args.quick else args.gemm_n
-    units = bf16_units()
+    gemm_n = 1024 if args.quick else args.gemm_n or (8192 if gpu else 4096)
+    units = "tensor cores" if gpu else bf16_units()
     bf16_gemm_n = args.bf16_gemm_n or (gemm_n if units else min(gemm_n, 1024))
     cpu = cpu_description()
-    print(f"# {cpu}; bf16 units: {units or 'none'}; torch {torch.__version__}", flush=True)
+    where = f"{torch.cuda.get_device_name(args.device)} (CUDA; host: {cpu})" if gpu else cpu
+    print(f"# {where}; bf16 units: {units or 'none'}; torch {torch.__version__}", flush=True)
 
     threads_used = sorted({args.threads or default_threads(e) for e in args.executors})
     peaks: dict[tuple[int, str], float | None] = {}
     for threads in threads_used:
-        peaks[(threads, "fp32")] = gemm_peak(threads, torch.float32, gemm_n)
-        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, bf16_gemm_n)
+        peaks[(threads, "fp32")] = gemm_peak(threads, torch.float32, gemm_n, device=args.device)
+        peaks[(threads, "bf16")] = gemm_peak(threads, torch.bfloat16, bf16_gemm_n, device=args.device)
         print(f"peak, {threads} threads: fp32 {peaks[(threads, 'fp32')] / 1e9:.1f} GFLOP/s, "
               f"bf16 {peaks[(threads, 'bf16')] / 1e9:.1f} GFLOP/s{'' if units else f' ({NO_UNITS})'}", flush=True)
 
     results: dict[str, list[dict]] = {}
     batch = None
     for setting in settings:
-        _, overrides, hetero = SETTINGS[setting]
-        work = prepare_workspace(f"roofline/{setting}", deep_merge(overrides(), _BASE), ("partition", "encode", "index"))
-        params, part, ds = load_workspace(work)
-        batch = params.train.batch_size
         results[setting] = []
+        if harness:
+            measure = functools.partial(measure_harness, setting, device=args.device, group_size=args.group_size,
+                                        synthetic=args.synthetic)
+        else:
+            from workspace import deep_merge, load_workspace, prepare_workspace
+
+            _, overrides, hetero = SETTINGS[setting]
+            work = prepare_workspace(f"roofline/{setting}", deep_merge(overrides(), _BASE),
+                                     ("partition", "encode", "index"))
+            measure = functools.partial(measure_executor, *load_workspace(work), hetero=hetero)
         for executor in args.executors:
             for precision in args.precisions:
-                r = measure_executor(params, part, ds, executor, hetero=hetero, threads=args.threads,
-                                     precision=precision, rounds=args.rounds, warmup=args.warmup,
-                                     profile=not args.no_profile)
+                r = measure(executor, threads=args.threads, precision=precision, rounds=args.rounds,
+                            warmup=args.warmup, profile=not args.no_profile)
                 results[setting].append(r)
+                batch = r["batch"]
                 peak = peaks[(r["threads"], precision)]
                 print(f"{setting} {executor} {precision_label(precision, units)}, {r['threads']} threads: "
                       f"round {r['round_s']:.2f} s "
                       f"(train {r['train_s']:.2f}, eval {r['eval_s']:.2f}), {r['work'].total / 1e9:.2f} GFLOP, "
-                      f"{achieved(r, peak):.1%} of the GEMM peak", flush=True)
+                      f"{achieved(r, peak):.1%} of the GEMM peak"
+                      + (f", peak GPU memory {r['peak_gpu_gb']:.2f} GiB" if "peak_gpu_gb" in r else ""), flush=True)
         os.chdir(ROOT)  # load_workspace changed into the setting's folder
 
-    header = {"cpu": cpu, "date": datetime.date.today().isoformat(), "batch": batch, "bf16_units": units,
-              "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]])}
+    header = {"cpu": where, "date": datetime.date.today().isoformat(), "batch": batch, "bf16_units": units,
+              "gpu": gpu, "command": shlex.join(["python", "bench/roofline.py", *sys.argv[1:]])}
     table = markdown(header, peaks, results, gemm_n, bf16_gemm_n)
-    out = args.out or (ROOT / "bench" / (".work/roofline" if args.quick else "results") /
-                       f"roofline-{cpu_slug()}{'-quick' if args.quick else ''}.md")
+    out = args.out or ((ROOT / "bench" / ".work" / "roofline" if args.quick else args.out_dir) /
+                       f"roofline-{device_slug(args.device)}{'-quick' if args.quick else ''}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)
     print("\n" + table + f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

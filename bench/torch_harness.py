@@ -40,6 +40,8 @@ SETTINGS = {
     "default": dict(num_clients=30, hetero=False, model="resnet8", samples_per_client=200),
     # a small one for quick checks
     "small": dict(num_clients=20, hetero=False, model="resnet8", samples_per_client=100),
+    # a smoke test's (bench/roofline.py --harness --quick): K = 4 x 50 samples, 5% of the test set
+    "quick": dict(num_clients=4, hetero=False, model="resnet8", samples_per_client=50, test_fraction=0.05),
 }
 
 
@@ -119,7 +121,7 @@ def partition_and_clients(setting: str | dict, device: str, synthetic: bool, see
     ds = load_data(synthetic)
     part_params = SimpleNamespace(scheme="dirichlet", num_clients=s["num_clients"], alpha=1.0, classes_per_client=2,
                                   samples_per_client=s.get("samples_per_client"), data_fraction=None, min_samples=10,
-                                  max_retries=100, test_fraction=1.0, val_ratio=1.0,
+                                  max_retries=100, test_fraction=s.get("test_fraction", 1.0), val_ratio=1.0,
                                   # a setting may train on every sample, like the official code (no validation split)
                                   val_holdout=s.get("val_holdout", 0.1))
     part = make_partition(ds.train_y, ds.test_y, ds.num_classes, part_params, seed)

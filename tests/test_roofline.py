@@ -155,3 +155,59 @@ def test_a_bf16_round_runs_with_the_precision_knob_and_is_set_against_the_bf16_p
     # an emulated bf16 peak from a smaller product than fp32's says so (a 4096 one does not finish in minutes)
     smaller = roofline.markdown({**header, "bf16_units": None}, peaks, {"quick": [r]}, 128, 64)
     assert "The bf16 GEMM is 64 x 64:" in smaller and "The bf16 GEMM is" not in emulated
+
+
+# -- the GPU check's path (bench/gpu_check.sh: --device cuda, the torch-only harness) --
+
+class _Event:
+    """What ClassTotals reads of a torch.profiler event."""
+
+    def __init__(self, name: str, cpu_us: float, device_us: float, on_gpu: bool = False, parent=None):
+        self.name, self.cpu_parent = name, parent
+        self.device_type = torch.autograd.DeviceType.CUDA if on_gpu else torch.autograd.DeviceType.CPU
+        self.self_cpu_time_total, self.self_device_time_total = cpu_us, device_us
+
+
+def test_on_a_gpu_the_op_classes_sum_the_kernel_time_each_op_launched_once():
+    step = _Event("Optimizer.step#GroupedSGD.step", 5.0, 0.0)
+    events = [_Event("aten::cudnn_convolution", 40.0, 3_000_000.0),
+              _Event("aten::native_batch_norm", 30.0, 1_000_000.0),
+              _Event("aten::_foreach_add_", 20.0, 500_000.0, parent=step), step,
+              # the kernels' own events repeat the time their ops already hold
+              _Event("sm90_xmma_fprop_implicit_gemm", 0.0, 3_000_000.0, on_gpu=True),
+              _Event("batch_norm_collect_statistics_kernel", 0.0, 1_000_000.0, on_gpu=True)]
+    gpu, cpu = roofline.ClassTotals(device_time=True), roofline.ClassTotals()
+    gpu.add(events)
+    cpu.add(events)
+    assert gpu.seconds == {"convolution": 3.0, "batch norm": 1.0, "optimizer": 0.5, "other ops": 0.0}
+    assert gpu.shares(10.0)["Python/other"] == pytest.approx(0.55)  # the GPU idle: the wall time no kernel ran in
+    assert cpu.seconds["convolution"] == pytest.approx(40e-6) and cpu.seconds["optimizer"] == pytest.approx(25e-6)
+
+
+def test_a_gpu_table_names_the_gpu_its_tf32_peak_and_its_kernel_time_profile():
+    work = roofline.Work(train_samples=2000, eval_samples=400, train_flops=1.1e11, eval_flops=7e9,
+                         per_model={"ResNet-8": (5.585e7, 1.869e7)})
+    shares = dict.fromkeys(roofline.OP_CLASSES, 1 / len(roofline.OP_CLASSES))
+    r = {"executor": "vectorized", "precision": "bf16", "threads": 1, "train_s": 0.5, "eval_s": 0.1, "round_s": 0.6,
+         "work": work, "clients": 20, "profiled_s": 0.9, "shares": shares}
+    header = {"cpu": "NVIDIA H100 (CUDA; host: a CPU)", "date": "today", "batch": 8, "command": "python",
+              "bf16_units": "tensor cores", "gpu": True}
+    peaks = {(1, "fp32"): 5e13, (1, "bf16"): 8e14}
+    table = roofline.markdown(header, peaks, {"paper": [r]}, 8192)
+    assert table.startswith("# Roofline: FedCache rounds against the GPU's peak (NVIDIA H100")
+    assert roofline.GPU_PEAK in table and roofline.GPU_PROFILE in table and roofline.CPU_PROFILE not in table
+    assert "| paper: the paper's: K=300 over all 60,000 FashionMNIST samples, ResNet-20 on every client | 20 |" in table
+    assert "| paper | vectorized | bf16 | 1 | 0.50 | 0.10 | 0.60 | 195.00 | 800000.0 | 0.0% |" in table
+    cpu_table = roofline.markdown({**header, "gpu": False, "cpu": "a CPU"}, peaks, {"quick": [r]}, 4096)
+    assert "against the CPU's peak" in cpu_table and roofline.CPU_PROFILE in cpu_table
+    assert roofline.GPU_PEAK not in cpu_table
+
+
+@pytest.mark.parametrize("argv, says", [(["--settings", "paper"], "setting paper: needs --harness"),
+                                         (["--harness", "--settings", "default"],
+                                          "setting default: with --harness (or a GPU) choose from demo, paper")])
+def test_settings_that_need_the_other_path_are_refused_before_any_work(monkeypatch, capsys, argv, says):
+    monkeypatch.setattr("sys.argv", ["roofline.py", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        roofline.main()
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
