@@ -258,6 +258,14 @@ def copy_worktree(dest: Path, skip: tuple[str, ...] = ("data/partition/", "data/
     return dest
 
 
+def unit_tier_first(cases: list, keep: int = 1) -> list:
+    """A family of cases that repeats one check on other encodings, architectures or switches: the unit tier
+    (`make test-fast`) runs the first `keep`, `make test` every one (the rest are marked slow; pytest given the file
+    runs them too). Each case as pytest.mark.parametrize takes it: a tuple for several argument names, else a value."""
+    return [case if i < keep else pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+            for i, case in enumerate(cases)]
+
+
 def with_section(params, section: str, **values):
     """params with some keys of one section replaced (pydantic models are frozen)."""
     return params.model_copy(update={section: getattr(params, section).model_copy(update=values)})

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
-from conftest import tiny, tiny_params_raw, with_section
+from conftest import tiny, tiny_params_raw, unit_tier_first, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
 from pipeline.train.engine import Trainer
@@ -28,8 +28,9 @@ def _weights(trainer: Trainer) -> list[torch.Tensor]:
     return [t.clone() for c in trainer.clients for t in c.model.state_dict().values()]
 
 
-@pytest.mark.parametrize("up, down", [("float16", "int8"), ("int8", "topk:3"), ("topk:2", "argmax"),
-                                      ("delta:0.5+int8", "delta:0.5+float16"), ("argmax", "float32")])
+# the other encodings repeat the check (make test); each codec's own bytes: tests/test_encoding.py
+@pytest.mark.parametrize("up, down", unit_tier_first([("float16", "int8"), ("int8", "topk:3"), ("topk:2", "argmax"),
+                                                      ("delta:0.5+int8", "delta:0.5+float16"), ("argmax", "float32")]))
 def test_encoded_bytes_are_counted_exactly_in_round_consistency(tiny_workspace, mnist, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "enc", encode_up=up, encode_down=down)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
-from conftest import tiny_params_raw
+from conftest import tiny_params_raw, unit_tier_first
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.encoding import decode
@@ -41,8 +41,10 @@ def _held(trainer: Trainer) -> list[int]:
     return [len(c.y_train.unique()) for c in trainer.clients]
 
 
-@pytest.mark.parametrize("up, down", [("float16", "int8"), ("int8", "topk:8"), ("topk:8", "float16"),
-                                      ("delta:0.05+int8", "delta:0.05+float16"), ("delta:0", "float32")])
+# the other encodings repeat the check (make test); each codec's own bytes: tests/test_encoding.py
+@pytest.mark.parametrize("up, down", unit_tier_first([("float16", "int8"), ("int8", "topk:8"), ("topk:8", "float16"),
+                                                      ("delta:0.05+int8", "delta:0.05+float16"),
+                                                      ("delta:0", "float32")]))
 def test_encoded_prototypes_are_counted_exactly(tiny_workspace, mnist, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "enc", encode_up=up, encode_down=down, aggregation="confidence")

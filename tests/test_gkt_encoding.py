@@ -11,7 +11,7 @@ import torch
 
 from boundary import (assert_ledger_follows_the_declared_formula, record_uploads, run_tallied, tally_the_boundary,
                       trainer_for)
-from conftest import tiny, tiny_params_raw
+from conftest import tiny, tiny_params_raw, unit_tier_first
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation import gkt
@@ -47,7 +47,9 @@ def _assert_counted_exactly(trainer: Trainer, crossed: dict, up: str, down: str,
 
 # every encoding each direction takes, with int8 both ways in the test after this one
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("up, down", [("float16", "float16"), ("topk:0.3", "topk:3"), ("float32", "argmax")])
+# the other encodings repeat the check (make test); each codec's own bytes: tests/test_encoding.py
+@pytest.mark.parametrize("up, down", unit_tier_first([("float16", "float16"), ("topk:0.3", "topk:3"),
+                                                      ("float32", "argmax")]))
 def test_encoded_bytes_are_counted_exactly(tiny_workspace, mnist, method, up, down):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, method, f"{method}-enc", encode_up=up, encode_down=down)

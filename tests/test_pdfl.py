@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import with_section
+from conftest import unit_tier_first, with_section
 from pipeline import paths
 from pipeline.methods.registry import REGISTRY
 from pipeline.methods.pdfl.method import (attention_weights, calibrate, init_projections, internal_teacher,
@@ -444,10 +444,11 @@ def test_attention_weights_and_teacher_diagnostics_are_round_metrics(tiny_worksp
         assert [last[f"attn:{i}<-{j}"] for j in nbrs] == pytest.approx(w)
 
 
-@pytest.mark.parametrize("switch", [
+# the other switches repeat the check (make test)
+@pytest.mark.parametrize("switch", unit_tier_first([
     {"attention": False}, {"internal_kd": False}, {"external_kd": False}, {"order": "body_then_head"},
     {"internal_kd": False, "external_kd": False, "order": "body_then_head"},
-])
+]))
 def test_switches_run(tiny_workspace, mnist, switch):
     _, params, part = tiny_workspace
     trainer = _trainer(_params(params, rounds=1, **switch), part, mnist)

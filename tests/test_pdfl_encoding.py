@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from boundary import assert_ledger_follows_the_declared_formula, run_tallied, trainer_for
-from conftest import tiny, tiny_params_raw
+from conftest import tiny, tiny_params_raw, unit_tier_first
 from pipeline.config import ConfigError, parse_params
 from pipeline.encoding_spec import parse
 from pipeline.federation.averaging import decode_state
@@ -46,7 +46,8 @@ def _delivered(trainer: Trainer) -> list[tuple[int, object]]:
     return seen
 
 
-@pytest.mark.parametrize("models, knowledge", [("float16", "int8"), ("int8", "float16")])  # and the two below
+# (and the two below) the other encodings repeat the check (make test); each codec's bytes: tests/test_encoding.py
+@pytest.mark.parametrize("models, knowledge", unit_tier_first([("float16", "int8"), ("int8", "float16")]))
 def test_encoded_relays_are_counted_exactly_on_every_edge(tiny_workspace, mnist, models, knowledge):
     _, params, part = tiny_workspace
     trainer = _trainer(params, part, mnist, "enc", encode_models=models, encode_knowledge=knowledge)
