@@ -14,6 +14,7 @@
 # Needs python3 with torch and numpy only (bench/torch_harness.py); FashionMNIST from data/raw/ or
 # the Debian package when present, else random images of the same shape (said in the output).
 # Both parts run whatever the other did; the exit status is non-zero if either failed or ran out of time.
+# At most 6 minutes in all (a GPU machine is lent for 15 minutes, its start included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS_DIR="${RESULTS_DIR:-bench/results}"
@@ -23,12 +24,12 @@ python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; pr
   || exit 1
 
 status=0
-echo "## 1. executors, paper setting (at most 200 s)"
-timeout 200 python3 bench/executors.py --setting paper --device cuda --rounds 3 --seq-rounds 1 \
+echo "## 1. executors, paper setting (at most 180 s)"
+timeout 180 python3 bench/executors.py --setting paper --device cuda --rounds 2 --seq-rounds 1 \
   --group-size "$GROUP_SIZE" "$@" | tee "$RESULTS_DIR/gpu-executors-paper.md" || status=1
 
-echo "## 2. roofline, demo and paper settings (at most 240 s)"
-timeout 240 python3 bench/roofline.py --device cuda --settings demo paper --executors vectorized \
+echo "## 2. roofline, demo and paper settings (at most 180 s)"
+timeout 180 python3 bench/roofline.py --device cuda --settings demo paper --executors vectorized \
   --precisions fp32 bf16 --rounds 1 --warmup 1 --group-size "$GROUP_SIZE" \
   --out-dir "$RESULTS_DIR" || status=1
 exit "$status"
