@@ -37,8 +37,8 @@ default (1 sequential, every core vectorized: params.yaml's train.threads null) 
 
 --harness (implied by --device cuda) builds the rounds with bench/torch_harness.py instead of the stages: torch and
 numpy only, as on a bare GPU machine; settings `demo` (the same official demo), `paper` (K = 300 over all 60,000
-samples, ResNet-20) and --quick's. On a GPU every timed part ends when the GPU has run it, the peak GEMMs run on it (fp32
-in the TF32 mode cuDNN's convolutions use by default), and the profile sorts the GPU time of the kernels each op
+samples, ResNet-20) and --quick's. On a GPU every timed part ends when the GPU has run it, the peak GEMMs run on it
+(fp32 in the TF32 mode cuDNN's convolutions use by default), and the profile sorts the GPU time of the kernels each op
 launched (the rest of the round: the GPU idle).
 
 Prints Markdown tables and writes them to bench/results/roofline-<cpu>.md, a file the docs can include (--quick:
@@ -430,28 +430,61 @@ def default_threads(executor: str) -> int:
     return (SequentialExecutor if executor == "sequential" else VectorizedExecutor).threads
 
 
-def run_round(trainer, round_: int) -> tuple[float, float]:
-    """One round as the training stage runs it, less its results and checkpoint writes: the schedule's round
-    (selection, downloads, local training, uploads, aggregation), then every client evaluated on its test and
-    validation splits, in the trainer's train.precision. Returns (training seconds, evaluation seconds)."""
-    from pipeline.train.engine import Timer
-
-    sim = trainer.sim
+def timed_round(sim, round_: int, train, device: str = "cpu") -> tuple[float, float]:
+    """`train()`, one round's training (selection, downloads, local training, uploads, aggregation), then every
+    client of `sim` evaluated on its test and validation splits, in the run's train.precision; on a GPU each part
+    ends when the GPU has run it. Returns (training seconds, evaluation seconds)."""
+    sync = synchronizer(device)
+    sync()
     start = time.perf_counter()
-    trainer.schedule.run(round_, Timer())
+    train()
+    sync()
     trained = time.perf_counter()
     sim.evaluate(round_)
     if any(len(c.y_val) for c in sim.clients):
         sim.evaluate(round_, "val")
-    done = time.perf_counter()
-    return trained - start, done - trained
+    sync()
+    return trained - start, time.perf_counter() - trained
+
+
+def run_round(trainer, round_: int) -> tuple[float, float]:
+    """One round as the training stage runs it, less its results and checkpoint writes: the schedule's round, then
+    the evaluations (timed_round)."""
+    from pipeline.train.engine import Timer
+
+    return timed_round(trainer.sim, round_, lambda: trainer.schedule.run(round_, Timer()))
+
+
+def measure_rounds(sim, play, *, executor: str, precision: str, threads: int, rounds: int, warmup: int,
+                   profile: bool, device: str = "cpu") -> dict:
+    """`warmup` untimed rounds of `sim`, `rounds` timed ones (the best kept), then (with `profile`) one profiled
+    round; play(r) runs round r and returns its (training, evaluation) seconds."""
+    splits = ("test", "val") if any(len(c.y_val) for c in sim.clients) else ("test",)
+    times, r = [], 0
+    for r in range(1, warmup + rounds + 1):
+        seconds = play(r)
+        if r > warmup:
+            times.append(seconds)
+    best = min(times, key=sum)
+    out = {"executor": executor, "precision": precision, "threads": threads, "train_s": best[0], "eval_s": best[1],
+           "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": round_work(sim, r, splits),
+           "batch": sim.local.params.train.batch_size, "clients": len(sim.clients)}
+    if torch.device(device).type == "cuda":
+        out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        with groups_in_turn(sim.executor), streaming_profile(device=device) as (totals, overhead):
+            start = time.perf_counter()
+            play(r + 1)
+            wall = time.perf_counter() - start - overhead[0]
+        out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
+    return out
 
 
 def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, threads: int | None = None,
                      precision: str = "fp32", rounds: int = 1, warmup: int = 1, profile: bool = True,
                      run_name: str | None = None) -> dict:
-    """A fresh FedCache Trainer (bench/workspace.py) on `executor`: `warmup` untimed rounds, `rounds` timed ones,
-    then (with `profile`) one profiled round. In the current workspace (load_workspace or a test's tmp dir)."""
+    """A fresh FedCache Trainer (bench/workspace.py) on `executor`, measured by measure_rounds. In the current
+    workspace (load_workspace or a test's tmp dir)."""
     from workspace import fresh_trainer
 
     threads = threads or default_threads(executor)
@@ -461,24 +494,8 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
     try:
         torch.set_num_threads(threads)
         trainer.start()  # round 0: the set-up uploads
-        splits = ("test", "val") if any(len(c.y_val) for c in trainer.sim.clients) else ("test",)
-        times, r = [], 0
-        for r in range(1, warmup + rounds + 1):
-            seconds = run_round(trainer, r)
-            if r > warmup:
-                times.append(seconds)
-        best = min(times, key=sum)
-        work = round_work(trainer.sim, r, splits)
-        out = {"executor": executor, "precision": precision, "threads": threads, "train_s": best[0],
-               "eval_s": best[1], "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": work,
-               "batch": params.train.batch_size, "clients": len(trainer.sim.clients)}
-        if profile:
-            with groups_in_turn(trainer.sim.executor), streaming_profile() as (totals, overhead):
-                start = time.perf_counter()
-                run_round(trainer, r + 1)
-                wall = time.perf_counter() - start - overhead[0]
-            out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
-        return out
+        return measure_rounds(trainer.sim, functools.partial(run_round, trainer), executor=executor,
+                              precision=precision, threads=threads, rounds=rounds, warmup=warmup, profile=profile)
     finally:
         trainer.close()
 
@@ -489,59 +506,28 @@ def measure_executor(params, part, ds, executor: str, *, hetero: bool = False, t
 HARNESS_SETTINGS = {"demo": "official", "paper": "paper", "quick": "quick"}
 
 
-def harness_round(sim, round_: int, device: str) -> tuple[float, float]:
-    """One round of a torch_harness Simulation, as run_round times a Trainer's: every client trains (downloads,
-    local training, uploads, aggregation), then every client is evaluated on its test and validation splits.
-    On a GPU each part ends when the GPU has run it. Returns (training seconds, evaluation seconds)."""
-    from pipeline.train.engine import Timer
-
-    sync = synchronizer(device)
-    sync()
-    start = time.perf_counter()
-    sim.run_round(round_, list(range(len(sim.clients))), Timer())
-    sync()
-    trained = time.perf_counter()
-    sim.evaluate(round_)
-    if any(len(c.y_val) for c in sim.clients):
-        sim.evaluate(round_, "val")
-    sync()
-    return trained - start, time.perf_counter() - trained
-
-
 def measure_harness(setting: str, executor: str, *, device: str = "cpu", threads: int | None = None,
                     precision: str = "fp32", rounds: int = 1, warmup: int = 1, profile: bool = True,
                     group_size: int = 32, synthetic: bool = False) -> dict:
     """measure_executor's figures for FedCache (`round` consistency) built by bench/torch_harness.py on `device`:
     no pipeline stage, no service library (the harness's hash and neighbours stand in for the stages', which
-    changes no round's cost)."""
+    changes no round's cost); every client trains every round."""
     import torch_harness as h
 
+    from pipeline.train.engine import Timer
     from pipeline.train.executors import SequentialExecutor, VectorizedExecutor
 
     threads = threads or default_threads(executor)
     torch.set_num_threads(threads)
     sim, _ = h.build(HARNESS_SETTINGS[setting], "round", device, group_size, synthetic, precision=KNOB[precision])
     sim.executor = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(group_size)
-    splits = ("test", "val") if any(len(c.y_val) for c in sim.clients) else ("test",)
-    times, r = [], 0
-    for r in range(1, warmup + rounds + 1):
-        seconds = harness_round(sim, r, device)
-        if r > warmup:
-            times.append(seconds)
-    best = min(times, key=sum)
-    work = round_work(sim, r, splits)
-    out = {"executor": executor, "precision": precision, "threads": threads, "train_s": best[0], "eval_s": best[1],
-           "round_s": sum(best), "rounds_s": [sum(t) for t in times], "work": work,
-           "batch": sim.local.params.train.batch_size, "clients": len(sim.clients)}
-    if torch.device(device).type == "cuda":
-        out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    if profile:
-        with groups_in_turn(sim.executor), streaming_profile(device=device) as (totals, overhead):
-            start = time.perf_counter()
-            harness_round(sim, r + 1, device)
-            wall = time.perf_counter() - start - overhead[0]
-        out.update(profiled_s=wall, shares=totals.shares(wall), events=totals.events)
-    return out
+    everyone = list(range(len(sim.clients)))
+
+    def play(r: int) -> tuple[float, float]:
+        return timed_round(sim, r, lambda: sim.run_round(r, everyone, Timer()), device)
+
+    return measure_rounds(sim, play, executor=executor, precision=precision, threads=threads, rounds=rounds,
+                          warmup=warmup, profile=profile, device=device)
 
 
 def achieved(result: dict, peak: float) -> float:
