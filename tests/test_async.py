@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import with_section
+from conftest import unit_tier_first, with_section
 from pipeline import paths
 from pipeline.config import ConfigError, parse_params
 from pipeline.federation.averaging import ParameterAveraging, mix, staleness_weight
@@ -194,9 +194,9 @@ def test_every_download_and_upload_of_the_event_log_is_in_the_ledger(tiny_worksp
 # a span of about 1.5 updates of the median client (a ResNet-8 weighs 0.3 MB: 2.4 s each way at 1 Mbit/s);
 # flaky: devices online and offline for 1 s on average, so some updates are dropped and some starts wait
 # FedCache's in the unit tier; the others' (two whole runs each) in the end-to-end tier
-@pytest.mark.parametrize("method, span_s, flaky", [("fedcache", 1.5, False), ("fedcache", 1.5, True)] + [
-    pytest.param(*case, marks=pytest.mark.slow)
-    for case in (("fedavg", 8.0, False), ("mtfl", 8.0, False), ("fd", 1.5, False), ("local", 1.5, False))])
+@pytest.mark.parametrize("method, span_s, flaky", unit_tier_first([
+    ("fedcache", 1.5, False), ("fedcache", 1.5, True),
+    ("fedavg", 8.0, False), ("mtfl", 8.0, False), ("fd", 1.5, False), ("local", 1.5, False)], keep=2))
 def test_the_same_seeds_give_the_same_event_log_and_rows(tiny_workspace, mnist, tmp_path, method, span_s, flaky):
     _, params, part = tiny_workspace
     params = _on_trace(params, tmp_path, part, slow=1, async_eval_s=span_s)
